@@ -1,0 +1,29 @@
+# Two entry points: `make demo` (the main job) and `make test`.
+# Each creates .venv when it is missing. torch is installed first and pinned
+# to the local CPU wheel so that pip never resolves another (CUDA) build.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+TORCH_PIN := torch==2.13.0
+export OMP_NUM_THREADS ?= 2
+
+.PHONY: demo test venv clean
+
+venv: $(STAMP)
+
+$(STAMP): setup.py
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH_PIN)
+	$(PY) -m pip install -q -e .[test,plots]
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) scripts/demo.py $(DEMO_ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests $(TEST_ARGS)
+
+clean:
+	rm -rf demo_work .pytest_cache

@@ -1,0 +1,16 @@
+"""fairseq-hardattn: efficient decoder attention as a fairseq user-dir plugin.
+
+Load with ``--user-dir fairseq_hardattn`` (or import the package). Importing
+registers the models, architectures and criterions, lets torch >= 2.6 load
+fairseq checkpoints, keeps fairseq from dropping the last batch of a dataset,
+and makes configuration errors print in one line.
+"""
+
+from . import batching_fix  # noqa: F401
+from . import checkpoint_compat  # noqa: F401  (before anything loads a checkpoint)
+from .errors import ConfigError, install_error_hook
+from . import models  # noqa: F401
+
+install_error_hook()
+
+__all__ = ["ConfigError"]

@@ -1,0 +1,261 @@
+"""Transformer whose attention sublayers each take a selectable attention kind.
+
+The kind of encoder self-attention, decoder self-attention and decoder
+cross-attention is an option (``--enc-self-attn-kind``, ``--dec-self-attn-kind``,
+``--dec-cross-attn-kind``; see ``fairseq_hardattn.modules.ATTENTION_KINDS``).
+The architectures are presets of those options and of the model size: the
+paper's main setting ``transformer_hard_dec`` (hard decoder self- and
+cross-attention) and its ablations. Every kind has the parameters of
+fairseq's ``MultiheadAttention``, so the kind used for decoding can differ from
+the one used for training (the paper's Table 4), chosen at generate time::
+
+    fairseq-generate ... --model-overrides "{'dec_self_attn_kind': 'soft', 'dec_cross_attn_kind': 'soft'}"
+
+and a plain fairseq ``transformer`` checkpoint decodes with hard attention
+through ``--model-overrides "{'_name': 'transformer_hard_dec'}"``.
+"""
+
+from fairseq.distributed import fsdp_wrap
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer import (
+    TransformerConfig,
+    TransformerDecoderBase,
+    TransformerEncoderBase,
+    TransformerModel,
+)
+from fairseq.models.transformer import base_architecture as fairseq_base_architecture
+from fairseq.models.transformer import (
+    transformer_iwslt_de_en,
+    transformer_vaswani_wmt_en_de_big,
+)
+from fairseq.modules.checkpoint_activations import checkpoint_wrapper
+from fairseq.modules.transformer_layer import (
+    TransformerDecoderLayerBase,
+    TransformerEncoderLayerBase,
+)
+
+from ..errors import ConfigError
+from ..modules import ATTENTION_KINDS, attention_class
+
+MODEL_NAME = "hard_retrieval_transformer"
+
+# option name -> the sublayer it configures
+ATTENTION_KIND_OPTIONS = {
+    "enc_self_attn_kind": "encoder self-attention",
+    "dec_self_attn_kind": "decoder self-attention",
+    "dec_cross_attn_kind": "decoder cross-attention",
+}
+
+
+def set_defaults(args, **defaults):
+    """fairseq's preset convention: fill only what the user did not set."""
+    for name, value in defaults.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
+
+
+def attention_kind(cfg, option):
+    """Class for the kind that ``option`` selects, with a clear error if unknown."""
+    kind = getattr(cfg, option, None) or "soft"
+    return attention_class(kind, "--" + option.replace("_", "-"))
+
+
+def wrap_layer(layer, cfg):
+    """Activation checkpointing and FSDP wrapping, as fairseq's own build_*_layer."""
+    checkpoint = cfg.checkpoint_activations
+    if checkpoint:
+        layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
+    # if checkpointing, FSDP always wraps the checkpointed layer
+    return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap if not checkpoint else 0)
+
+
+class AttentionKindEncoderLayer(TransformerEncoderLayerBase):
+    def build_self_attention(self, embed_dim, cfg):
+        return attention_kind(cfg, "enc_self_attn_kind")(
+            embed_dim,
+            cfg.encoder.attention_heads,
+            dropout=cfg.attention_dropout,
+            self_attention=True,
+            q_noise=self.quant_noise,
+            qn_block_size=self.quant_noise_block_size,
+        )
+
+
+class AttentionKindDecoderLayer(TransformerDecoderLayerBase):
+    def build_self_attention(
+        self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False
+    ):
+        return attention_kind(cfg, "dec_self_attn_kind")(
+            embed_dim,
+            cfg.decoder.attention_heads,
+            dropout=cfg.attention_dropout,
+            add_bias_kv=add_bias_kv,
+            add_zero_attn=add_zero_attn,
+            self_attention=not cfg.cross_self_attention,
+            q_noise=self.quant_noise,
+            qn_block_size=self.quant_noise_block_size,
+        )
+
+    def build_encoder_attention(self, embed_dim, cfg):
+        return attention_kind(cfg, "dec_cross_attn_kind")(
+            embed_dim,
+            cfg.decoder.attention_heads,
+            kdim=cfg.encoder.embed_dim,
+            vdim=cfg.encoder.embed_dim,
+            dropout=cfg.attention_dropout,
+            encoder_decoder_attention=True,
+            q_noise=self.quant_noise,
+            qn_block_size=self.quant_noise_block_size,
+        )
+
+
+class AttentionKindEncoder(TransformerEncoderBase):
+    def build_encoder_layer(self, cfg):
+        return wrap_layer(AttentionKindEncoderLayer(cfg, return_fc=self.return_fc), cfg)
+
+
+class AttentionKindDecoder(TransformerDecoderBase):
+    def build_decoder_layer(self, cfg, no_encoder_attn=False):
+        return wrap_layer(AttentionKindDecoderLayer(cfg, no_encoder_attn), cfg)
+
+
+@register_model(MODEL_NAME)
+class HardRetrievalTransformerModel(TransformerModel):
+    """fairseq's Transformer with a selectable attention kind per sublayer."""
+
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        kinds = sorted(ATTENTION_KINDS)
+        for option, sublayer in ATTENTION_KIND_OPTIONS.items():
+            parser.add_argument(
+                "--" + option.replace("_", "-"),
+                choices=kinds,
+                help=f"attention kind of the {sublayer} (default: the architecture's)",
+            )
+
+    @classmethod
+    def validate_args(cls, args):
+        """Raise ``ConfigError`` for options no model of this family can build."""
+        for option in ATTENTION_KIND_OPTIONS:
+            try:
+                attention_kind(args, option)
+            except ValueError as err:
+                raise ConfigError(str(err)) from None
+
+    @classmethod
+    def build_model(cls, args, task):
+        base_architecture(args)
+        cls.validate_args(args)
+        return super().build_model(args, task)
+
+    @classmethod
+    def build_encoder(cls, args, src_dict, embed_tokens):
+        return AttentionKindEncoder(
+            TransformerConfig.from_namespace(args), src_dict, embed_tokens
+        )
+
+    @classmethod
+    def build_decoder(cls, args, tgt_dict, embed_tokens):
+        cfg = TransformerConfig.from_namespace(args)
+        return AttentionKindDecoder(
+            cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention
+        )
+
+
+# --- architectures: attention-kind presets chained into size presets ---------
+
+
+def hard_in(args, *sublayers):
+    """Hard retrieval attention in the given sublayers unless set otherwise."""
+    set_defaults(args, **{f"{s}_attn_kind": "hard" for s in sublayers})
+
+
+@register_model_architecture(MODEL_NAME, MODEL_NAME)
+def base_architecture(args):
+    """Transformer Base dims; every kind soft unless an option says otherwise."""
+    set_defaults(args, **{option: "soft" for option in ATTENTION_KIND_OPTIONS})
+    fairseq_base_architecture(args)
+
+
+def small_architecture(args):
+    """The CPU preset: 4+4 layers, d=128, FFN 256, 4 heads."""
+    set_defaults(
+        args,
+        encoder_embed_dim=128,
+        encoder_ffn_embed_dim=256,
+        encoder_attention_heads=4,
+        encoder_layers=4,
+        decoder_embed_dim=128,
+        decoder_ffn_embed_dim=256,
+        decoder_attention_heads=4,
+        decoder_layers=4,
+    )
+    base_architecture(args)
+
+
+def big_architecture(args):
+    transformer_vaswani_wmt_en_de_big(args)
+    base_architecture(args)
+
+
+def iwslt_de_en_architecture(args):
+    transformer_iwslt_de_en(args)
+    base_architecture(args)
+
+
+@register_model_architecture(MODEL_NAME, "transformer_soft_small")
+def transformer_soft_small(args):
+    """The soft baseline at the CPU preset (identical to fairseq's transformer)."""
+    small_architecture(args)
+
+
+@register_model_architecture(MODEL_NAME, "transformer_hard_dec")
+def transformer_hard_dec(args):
+    """The paper's main setting: hard decoder self- and cross-attention."""
+    hard_in(args, "dec_self", "dec_cross")
+    base_architecture(args)
+
+
+@register_model_architecture(MODEL_NAME, "transformer_hard_dec_big")
+def transformer_hard_dec_big(args):
+    hard_in(args, "dec_self", "dec_cross")
+    big_architecture(args)
+
+
+@register_model_architecture(MODEL_NAME, "transformer_hard_dec_iwslt_de_en")
+def transformer_hard_dec_iwslt_de_en(args):
+    hard_in(args, "dec_self", "dec_cross")
+    iwslt_de_en_architecture(args)
+
+
+@register_model_architecture(MODEL_NAME, "transformer_hard_dec_small")
+def transformer_hard_dec_small(args):
+    hard_in(args, "dec_self", "dec_cross")
+    small_architecture(args)
+
+
+@register_model_architecture(MODEL_NAME, "transformer_hard_cross")
+def transformer_hard_cross(args):
+    """Ablation (paper Table 3): hard decoder cross-attention only."""
+    hard_in(args, "dec_cross")
+    base_architecture(args)
+
+
+@register_model_architecture(MODEL_NAME, "transformer_hard_cross_small")
+def transformer_hard_cross_small(args):
+    hard_in(args, "dec_cross")
+    small_architecture(args)
+
+
+@register_model_architecture(MODEL_NAME, "transformer_hard_all")
+def transformer_hard_all(args):
+    """Ablation (paper Table 3): hard encoder self-attention too."""
+    hard_in(args, "enc_self", "dec_self", "dec_cross")
+    base_architecture(args)
+
+
+@register_model_architecture(MODEL_NAME, "transformer_hard_all_small")
+def transformer_hard_all_small(args):
+    hard_in(args, "enc_self", "dec_self", "dec_cross")
+    small_architecture(args)

@@ -1,0 +1,186 @@
+"""The projection and key/value-cache half of fairseq's ``MultiheadAttention``.
+
+fairseq's ``MultiheadAttention.forward`` is one monolithic function, and in
+training it takes a fast path (``F.multi_head_attention_forward``) that would
+silently run soft attention. Mechanisms in this package therefore override
+``forward`` completely; this base class gives them the part they share with
+fairseq unchanged: Q/K/V projections, the incremental-decoding cache
+(self-attention appends one K/V per step, encoder-decoder attention projects
+the encoder once with ``static_kv``), fairseq's "beamable" encoder-decoder
+attention (one K/V copy per sentence instead of per hypothesis), and score
+masking. ``reorder_incremental_state`` is inherited as is.
+"""
+
+from typing import Dict, Optional, Tuple
+
+import torch
+from fairseq.modules import MultiheadAttention
+from torch import Tensor
+
+IncrementalState = Optional[Dict[str, Dict[str, Optional[Tensor]]]]
+
+
+class CachedProjectionAttention(MultiheadAttention):
+    """Base for attention mechanisms that replace only the scoring/attending part.
+
+    Same constructor and parameters as fairseq's ``MultiheadAttention`` (so
+    checkpoints load across mechanisms), minus the options no mechanism here
+    supports.
+    """
+
+    def __init__(self, embed_dim, num_heads, *args, **kwargs):
+        unsupported = [
+            name
+            for name in ("add_bias_kv", "add_zero_attn", "xformers_att_config")
+            if kwargs.get(name)
+        ]
+        if unsupported:
+            raise ValueError(
+                f"{type(self).__name__} does not support {', '.join(unsupported)}"
+            )
+        super().__init__(embed_dim, num_heads, *args, **kwargs)
+
+    def project(
+        self,
+        query: Tensor,
+        key: Optional[Tensor],
+        value: Optional[Tensor],
+        key_padding_mask: Optional[Tensor],
+        incremental_state: IncrementalState,
+        static_kv: bool,
+    ) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor], int]:
+        """Project and cache.
+
+        Returns ``q`` (bsz*heads, tgt_len, head_dim), unscaled; ``k`` and
+        ``v`` (kv_bsz*heads, src_len, head_dim); the key padding mask
+        (kv_bsz, src_len) as bool or None; and ``kv_bsz``, which is smaller
+        than ``bsz`` when encoder-decoder attention keeps one K/V copy per
+        sentence for a beam of ``self.beam_size`` hypotheses.
+        """
+        tgt_len, bsz, embed_dim = query.size()
+        if embed_dim != self.embed_dim:
+            raise ValueError(f"query dim {embed_dim} != {self.embed_dim}")
+
+        saved_state = None
+        if incremental_state is not None:
+            saved_state = self._get_input_buffer(incremental_state)
+            if "prev_key" in saved_state and static_kv:
+                # encoder K/V were projected on the first step
+                key = value = None
+
+        q = self.q_proj(query)
+        k = v = None
+        if self.self_attention:
+            k = self.k_proj(query)
+            v = self.v_proj(query)
+        elif key is not None:
+            if self.encoder_decoder_attention:
+                if self.beam_size > 1 and bsz == key.size(1):
+                    # key is [T, bsz*beam, C]; keep one copy per sentence
+                    key = key.view(key.size(0), -1, self.beam_size, key.size(2))[
+                        :, :, 0, :
+                    ]
+                    if key_padding_mask is not None:
+                        key_padding_mask = key_padding_mask.view(
+                            -1, self.beam_size, key_padding_mask.size(1)
+                        )[:, 0, :]
+                value = key
+            k = self.k_proj(key)
+            v = self.v_proj(value)
+
+        heads, head_dim = self.num_heads, self.head_dim
+        q = q.contiguous().view(tgt_len, bsz * heads, head_dim).transpose(0, 1)
+        kv_bsz = bsz
+        if k is not None:
+            kv_bsz = k.size(1)
+            k = k.contiguous().view(-1, kv_bsz * heads, head_dim).transpose(0, 1)
+            v = v.contiguous().view(-1, kv_bsz * heads, head_dim).transpose(0, 1)
+
+        if saved_state is not None:
+            # cached as (kv_bsz, heads, seq_len, head_dim)
+            if "prev_key" in saved_state:
+                prev_key = saved_state["prev_key"]
+                prev_value = saved_state["prev_value"]
+                kv_bsz = prev_key.size(0)
+                prev_key = prev_key.view(kv_bsz * heads, -1, head_dim)
+                prev_value = prev_value.view(kv_bsz * heads, -1, head_dim)
+                if static_kv:
+                    k, v = prev_key, prev_value
+                else:
+                    k = torch.cat([prev_key, k], dim=1)
+                    v = torch.cat([prev_value, v], dim=1)
+            key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
+                key_padding_mask=key_padding_mask,
+                prev_key_padding_mask=saved_state.get("prev_key_padding_mask"),
+                batch_size=kv_bsz,
+                src_len=k.size(1),
+                static_kv=static_kv,
+            )
+            saved_state["prev_key"] = k.view(kv_bsz, heads, -1, head_dim)
+            saved_state["prev_value"] = v.view(kv_bsz, heads, -1, head_dim)
+            saved_state["prev_key_padding_mask"] = key_padding_mask
+            self._set_input_buffer(incremental_state, saved_state)
+
+        if k is None:
+            raise ValueError(
+                f"{type(self).__name__}: no keys given and none cached "
+                "(encoder-decoder attention needs `key` on its first step)"
+            )
+        if key_padding_mask is not None:
+            if key_padding_mask.dim() == 0:
+                key_padding_mask = None
+            else:
+                key_padding_mask = key_padding_mask.to(torch.bool)
+                if key_padding_mask.shape != (kv_bsz, k.size(1)):
+                    raise ValueError(
+                        f"key_padding_mask has shape {tuple(key_padding_mask.shape)}, "
+                        f"expected {(kv_bsz, k.size(1))}"
+                    )
+        return q, k, v, key_padding_mask, kv_bsz
+
+    def attention_scores(self, q: Tensor, k: Tensor, kv_bsz: int) -> Tensor:
+        """q·kᵀ as (bsz*heads, tgt_len, src_len), grouping hypotheses by sentence."""
+        if q.size(0) == k.size(0):
+            return torch.bmm(q, k.transpose(1, 2))
+        heads = self.num_heads
+        scores = torch.einsum(
+            "bxhtd,bhsd->bxhts",
+            q.view((kv_bsz, -1, heads) + q.size()[1:]),
+            k.view((kv_bsz, heads) + k.size()[1:]),
+        )
+        return scores.reshape((-1,) + scores.size()[-2:])
+
+    def mask_scores(
+        self,
+        scores: Tensor,
+        attn_mask: Optional[Tensor],
+        key_padding_mask: Optional[Tensor],
+        kv_bsz: int,
+    ) -> Tensor:
+        """Add the additive ``attn_mask`` and set padded keys to -inf."""
+        if attn_mask is not None:
+            if attn_mask.dtype == torch.bool:
+                scores = scores.masked_fill(attn_mask.unsqueeze(0), float("-inf"))
+            else:
+                scores = scores + attn_mask.unsqueeze(0)
+        if key_padding_mask is not None:
+            tgt_len, src_len = scores.shape[-2:]
+            scores = scores.view(kv_bsz, -1, self.num_heads, tgt_len, src_len)
+            scores = scores.masked_fill(
+                key_padding_mask[:, None, None, None, :], float("-inf")
+            )
+            scores = scores.view(-1, tgt_len, src_len)
+        return scores
+
+    def merge_heads(self, attn: Tensor, tgt_len: int, bsz: int) -> Tensor:
+        """(bsz*heads, tgt_len, head_dim) -> out_proj((tgt_len, bsz, embed_dim))."""
+        attn = attn.transpose(0, 1).contiguous().view(tgt_len, bsz, self.embed_dim)
+        return self.out_proj(attn)
+
+    def format_weights(
+        self, weights: Tensor, bsz: int, need_head_weights: bool
+    ) -> Tensor:
+        """fairseq's layout for returned weights: (heads, bsz, T, S) or head mean."""
+        tgt_len, src_len = weights.shape[-2:]
+        weights = weights.view(bsz, self.num_heads, tgt_len, src_len).transpose(1, 0)
+        return weights if need_head_weights else weights.mean(dim=0)

@@ -1,0 +1,30 @@
+from setuptools import find_packages, setup
+
+# Upstream fairseq 0.12.2 neither installs nor imports on Python 3.11;
+# ve-fairseq 0.12.3 is upstream main (2024-10) with the Python 3.11 dataclass
+# fixes and prebuilt cp311/cp312 wheels. It imports as `fairseq`.
+FAIRSEQ_PIN = "ve-fairseq==0.12.3"
+
+setup(
+    name="fairseq-hardattn",
+    version="0.1.0",
+    description=(
+        "Efficient decoder attention for fairseq Transformers: hard retrieval, "
+        "cross+self, average attention, flexible and local attention"
+    ),
+    packages=find_packages(include=["fairseq_hardattn", "fairseq_hardattn.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        FAIRSEQ_PIN,
+        # torch is installed first by the Makefile (the local CPU wheel); a
+        # range that admits it makes pip keep it instead of fetching CUDA wheels
+        "torch>=2.1",
+        "sacrebleu>=2.0",
+        "subword-nmt>=0.3.8",
+        "numpy",
+    ],
+    extras_require={
+        "test": ["pytest>=7"],
+        "plots": ["matplotlib>=3.5"],
+    },
+)
