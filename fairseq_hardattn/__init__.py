@@ -13,4 +13,15 @@ from . import models  # noqa: F401
 
 install_error_hook()
 
-__all__ = ["ConfigError"]
+__all__ = ["ConfigError", "registered_architectures"]
+
+
+def registered_architectures():
+    """Names of every ``--arch`` this plugin registers, sorted."""
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    return sorted(
+        arch
+        for arch, model_cls in ARCH_MODEL_REGISTRY.items()
+        if model_cls.__module__.startswith(__name__ + ".")
+    )

@@ -1,0 +1,126 @@
+"""Shared helpers: tiny in-process models and a tiny preprocessed data set."""
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from fairseq.data import Dictionary
+from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
+
+import fairseq_hardattn
+from fairseq_hardattn import synthetic
+
+torch.set_num_threads(1)
+
+REPO = Path(__file__).resolve().parents[1]
+USER_DIR = str(REPO / "fairseq_hardattn")
+BIN_DIR = Path(sys.executable).parent
+
+# small enough to train a few updates in seconds, big enough for 4 heads
+TINY_DIMS = dict(
+    encoder_embed_dim=32,
+    encoder_ffn_embed_dim=64,
+    encoder_layers=2,
+    encoder_attention_heads=4,
+    decoder_embed_dim=32,
+    decoder_ffn_embed_dim=64,
+    decoder_layers=2,
+    decoder_attention_heads=4,
+)
+TINY_DIM_FLAGS = [
+    f"--{name.replace('_', '-')}={value}" for name, value in TINY_DIMS.items()
+]
+
+
+def make_dictionary(size=20):
+    d = Dictionary()
+    for i in range(size):
+        d.add_symbol(f"w{i}")
+    d.finalize(padding_factor=1)
+    return d
+
+
+class TinyTask:
+    """What ``build_model`` needs of a translation task."""
+
+    def __init__(self, dictionary):
+        self.source_dictionary = self.target_dictionary = dictionary
+
+
+def build_model(arch, dictionary=None, **overrides):
+    """Build ``arch`` at tiny dims (unless overridden), dropout off, float64."""
+    dictionary = dictionary or make_dictionary()
+    values = dict(TINY_DIMS, dropout=0.0, attention_dropout=0.0)
+    values.update(overrides)
+    args = argparse.Namespace(arch=arch, **values)
+    ARCH_CONFIG_REGISTRY[arch](args)
+    model = ARCH_MODEL_REGISTRY[arch].build_model(args, TinyTask(dictionary))
+    return model.double()
+
+
+def random_batch(dictionary, lengths, tgt_len=6, seed=0):
+    """Left-padded sources of the given lengths (each ends with EOS) and targets."""
+    g = torch.Generator().manual_seed(seed)
+    nspecial = dictionary.nspecial
+    bsz, src_len = len(lengths), max(lengths)
+    src = torch.full((bsz, src_len), dictionary.pad(), dtype=torch.long)
+    for i, n in enumerate(lengths):
+        words = torch.randint(nspecial, len(dictionary), (n - 1,), generator=g)
+        src[i, src_len - n:] = torch.cat([words, torch.tensor([dictionary.eos()])])
+    prev = torch.randint(nspecial, len(dictionary), (bsz, tgt_len), generator=g)
+    prev[:, 0] = dictionary.eos()
+    return src, torch.tensor(lengths), prev
+
+
+def run_cli(tool, *args, cwd=None, check=True, timeout=600):
+    """Run a fairseq console script (fairseq-train, ...) of this environment."""
+    exe = BIN_DIR / tool
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m",
+                                           "fairseq_cli." + tool.split("-", 1)[1]]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    env.pop("TORCH_FORCE_WEIGHTS_ONLY_LOAD", None)
+    env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
+    proc = subprocess.run(cmd + [str(a) for a in args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"{tool} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+        )
+    return proc
+
+
+def preprocess(raw_dir, dest_dir):
+    run_cli(
+        "fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt",
+        "--trainpref", f"{raw_dir}/train", "--validpref", f"{raw_dir}/valid",
+        "--testpref", f"{raw_dir}/test", "--destdir", dest_dir,
+        "--joined-dictionary", "--workers", "1",
+    )
+    return dest_dir
+
+
+TRAIN_FLAGS = [
+    "--user-dir", USER_DIR, "--cpu", "--seed", "1",
+    "--optimizer", "adam", "--lr", "1e-3", "--lr-scheduler", "inverse_sqrt",
+    "--warmup-updates", "10", "--max-tokens", "1000",
+    "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+    "--no-progress-bar", "--log-interval", "1", "--num-workers", "0",
+]
+
+
+@pytest.fixture(scope="session")
+def reorder_data(tmp_path_factory):
+    """A tiny preprocessed reordering task, shared by the CLI tests."""
+    root = tmp_path_factory.mktemp("reorder")
+    synthetic.write_task("reorder", str(root / "raw"), sizes=(300, 20, 20), seed=3,
+                         max_len=10)
+    return Path(preprocess(str(root / "raw"), str(root / "bin")))
+
+
+@pytest.fixture(scope="session")
+def all_archs():
+    return fairseq_hardattn.registered_architectures()

@@ -1,0 +1,123 @@
+"""End to end through fairseq's own command-line tools with ``--user-dir``."""
+
+import re
+
+import pytest
+from fairseq import checkpoint_utils, tasks
+
+import fairseq_hardattn
+from fairseq_hardattn.modules import HardRetrievalAttention
+
+from conftest import TINY_DIM_FLAGS, TRAIN_FLAGS, USER_DIR, run_cli
+
+ARCHS = fairseq_hardattn.registered_architectures()
+TEST_SENTENCES = 20
+
+
+def train(data, save_dir, arch, *extra, updates=3):
+    return run_cli(
+        "fairseq-train", data, "--arch", arch, *TRAIN_FLAGS, *TINY_DIM_FLAGS,
+        "--max-update", updates, "--save-dir", save_dir, "--no-epoch-checkpoints",
+        *extra,
+    )
+
+
+def generate(data, checkpoint, *extra, check=True):
+    return run_cli(
+        "fairseq-generate", data, "--user-dir", USER_DIR, "--path", checkpoint,
+        "--beam", 4, "--batch-size", 8, "--cpu", "--max-len-b", 20, *extra,
+        check=check,
+    )
+
+
+def hypotheses(stdout):
+    return re.findall(r"^H-(\d+)\t", stdout, flags=re.M)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_train_save_generate(arch, reorder_data, tmp_path):
+    train(reorder_data, tmp_path, arch)
+    out = generate(reorder_data, tmp_path / "checkpoint_last.pt").stdout
+    # every test sentence is translated (batch size 8 does not divide 20)
+    assert sorted(map(int, hypotheses(out))) == list(range(TEST_SENTENCES))
+    assert "BLEU4 =" in out
+
+
+@pytest.fixture(scope="module")
+def trained_checkpoints(reorder_data, tmp_path_factory):
+    """A soft (fairseq's own ``transformer``) and a hard model, a few updates each."""
+    root = tmp_path_factory.mktemp("ckpts")
+    train(reorder_data, root / "soft", "transformer", updates=2)
+    train(reorder_data, root / "hard", "transformer_hard_dec", updates=2)
+    return {kind: root / kind / "checkpoint_last.pt" for kind in ("soft", "hard")}
+
+
+def load_with_overrides(checkpoint, overrides):
+    """As fairseq-generate loads it: the task comes from the command line, not
+    from the checkpoint (an ``_name`` override renames every config group)."""
+    task = tasks.setup_task(checkpoint_utils.load_checkpoint_to_cpu(str(checkpoint))["cfg"].task)
+    models, _ = checkpoint_utils.load_model_ensemble(
+        [str(checkpoint)], arg_overrides=overrides, task=task
+    )
+    return models[0]
+
+
+def decoder_kinds(model):
+    layer = model.decoder.layers[0]
+    return tuple(
+        "hard" if isinstance(m, HardRetrievalAttention) else "soft"
+        for m in (layer.self_attn, layer.encoder_attn)
+    )
+
+
+def test_plain_fairseq_transformer_checkpoint_decodes_hard(trained_checkpoints, reorder_data):
+    overrides = "{'_name': 'transformer_hard_dec'}"
+    model = load_with_overrides(trained_checkpoints["soft"], eval(overrides))
+    assert decoder_kinds(model) == ("hard", "hard")
+    out = generate(reorder_data, trained_checkpoints["soft"], "--model-overrides", overrides)
+    assert len(hypotheses(out.stdout)) == TEST_SENTENCES
+
+
+def test_hard_trained_checkpoint_decodes_soft(trained_checkpoints, reorder_data):
+    overrides = "{'dec_self_attn_kind': 'soft', 'dec_cross_attn_kind': 'soft'}"
+    assert decoder_kinds(load_with_overrides(trained_checkpoints["hard"], {})) == ("hard", "hard")
+    model = load_with_overrides(trained_checkpoints["hard"], eval(overrides))
+    assert decoder_kinds(model) == ("soft", "soft")
+    out = generate(reorder_data, trained_checkpoints["hard"], "--model-overrides", overrides)
+    assert len(hypotheses(out.stdout)) == TEST_SENTENCES
+
+
+def test_print_alignment_with_hard_cross_attention(trained_checkpoints, reorder_data):
+    out = generate(reorder_data, trained_checkpoints["hard"], "--print-alignment").stdout
+    alignments = re.findall(r"^A-\d+\t(.*)$", out, flags=re.M)
+    assert len(alignments) == TEST_SENTENCES
+    assert all(re.fullmatch(r"(\d+-\d+ ?)+", a) for a in alignments if a)
+
+
+def test_resume_and_eval_bleu_checkpoints_load_without_env_vars(reorder_data, tmp_path):
+    """torch >= 2.6 refuses fairseq checkpoints unless the plugin allows their types."""
+    bleu_flags = ["--eval-bleu", "--best-checkpoint-metric", "bleu",
+                  "--maximize-best-checkpoint-metric", "--eval-bleu-args", '{"beam": 1}']
+    train(reorder_data, tmp_path, "transformer_hard_dec", *bleu_flags, updates=2)
+    resumed = train(reorder_data, tmp_path, "transformer_hard_dec", *bleu_flags, updates=4)
+    assert "Loaded checkpoint" in resumed.stdout + resumed.stderr
+    assert re.search(r"num_updates 4\b", resumed.stdout + resumed.stderr)
+    out = generate(reorder_data, tmp_path / "checkpoint_best.pt")
+    assert len(hypotheses(out.stdout)) == TEST_SENTENCES
+
+
+def test_unknown_attention_kind_on_the_command_line(reorder_data, tmp_path):
+    proc = run_cli(
+        "fairseq-train", reorder_data, "--arch", "transformer_hard_dec", *TRAIN_FLAGS,
+        "--dec-self-attn-kind", "fuzzy", "--save-dir", tmp_path, check=False,
+    )
+    assert proc.returncode != 0
+    assert "invalid choice: 'fuzzy'" in proc.stderr
+
+
+def test_unknown_attention_kind_in_model_overrides_is_one_line(trained_checkpoints, reorder_data):
+    proc = generate(reorder_data, trained_checkpoints["hard"], "--model-overrides",
+                    "{'dec_cross_attn_kind': 'fuzzy'}", check=False)
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    assert "error: unknown --dec-cross-attn-kind 'fuzzy'; choose one of: soft, hard" in proc.stderr

@@ -1,0 +1,138 @@
+"""Every registered architecture, in-process: decoding equivalences and gradients."""
+
+import argparse
+
+import pytest
+import torch
+from fairseq.models import ARCH_CONFIG_REGISTRY
+from fairseq.sequence_generator import SequenceGenerator
+
+import fairseq_hardattn
+from fairseq_hardattn import ConfigError
+from fairseq_hardattn.modules import HardRetrievalAttention
+
+from conftest import build_model, make_dictionary, random_batch
+
+ARCHS = fairseq_hardattn.registered_architectures()
+
+
+def test_the_issue_presets_are_registered():
+    for arch in ("transformer_hard_dec", "transformer_hard_dec_big",
+                 "transformer_hard_dec_iwslt_de_en", "transformer_hard_dec_small",
+                 "transformer_hard_cross", "transformer_hard_all",
+                 "transformer_soft_small"):
+        assert arch in ARCHS
+
+
+@pytest.mark.parametrize(
+    "arch, dims",
+    [
+        ("transformer_hard_dec", (6, 6, 512, 2048, 8)),
+        ("transformer_hard_dec_big", (6, 6, 1024, 4096, 16)),
+        ("transformer_hard_dec_iwslt_de_en", (6, 6, 512, 1024, 4)),
+        ("transformer_hard_dec_small", (4, 4, 128, 256, 4)),
+        ("transformer_soft_small", (4, 4, 128, 256, 4)),
+    ],
+)
+def test_preset_dimensions(arch, dims):
+    args = argparse.Namespace()
+    ARCH_CONFIG_REGISTRY[arch](args)
+    assert (args.encoder_layers, args.decoder_layers, args.decoder_embed_dim,
+            args.decoder_ffn_embed_dim, args.decoder_attention_heads) == dims
+
+
+@pytest.mark.parametrize(
+    "arch, kinds",
+    [
+        ("transformer_soft_small", ("soft", "soft", "soft")),
+        ("transformer_hard_dec", ("soft", "hard", "hard")),
+        ("transformer_hard_cross", ("soft", "soft", "hard")),
+        ("transformer_hard_all", ("hard", "hard", "hard")),
+    ],
+)
+def test_preset_attention_kinds_build_the_right_modules(arch, kinds):
+    model = build_model(arch)
+    built = (
+        model.encoder.layers[0].self_attn,
+        model.decoder.layers[0].self_attn,
+        model.decoder.layers[0].encoder_attn,
+    )
+    for module, kind in zip(built, kinds):
+        assert isinstance(module, HardRetrievalAttention) == (kind == "hard")
+
+
+def test_unknown_attention_kind_is_a_config_error():
+    with pytest.raises(ConfigError, match="--dec-cross-attn-kind 'fuzzy'"):
+        build_model("transformer_hard_dec", dec_cross_attn_kind="fuzzy")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_incremental_decoding_equals_full_forward(arch):
+    torch.manual_seed(0)
+    d = make_dictionary()
+    model = build_model(arch, d).eval()
+    src, src_lengths, prev = random_batch(d, [5, 3, 7], tgt_len=6)
+    with torch.no_grad():
+        full, _ = model(src, src_lengths, prev)
+        encoder_out = model.encoder(src, src_lengths=src_lengths)
+        state = {}
+        steps = [
+            model.decoder(prev[:, : t + 1], encoder_out, incremental_state=state)[0][:, -1]
+            for t in range(prev.size(1))
+        ]
+    # fairseq computes soft attention probabilities in float32 (utils.softmax)
+    torch.testing.assert_close(torch.stack(steps, 1), full, rtol=1e-5, atol=1e-6)
+
+
+def _hypotheses(generator, src, src_lengths):
+    sample = {"net_input": {"src_tokens": src, "src_lengths": src_lengths}}
+    with torch.no_grad():
+        return [[h["tokens"].tolist() for h in hyps] for hyps in generator.generate(None, sample)]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_beam_search_on_a_batch_equals_each_sentence_alone(arch):
+    torch.manual_seed(0)
+    d = make_dictionary()
+    model = build_model(arch, d).eval()
+    generator = SequenceGenerator([model], d, beam_size=4, max_len_b=8)
+    lengths = [6, 3, 8, 5]
+    src, src_lengths, _ = random_batch(d, lengths, seed=1)
+    batched = _hypotheses(generator, src, src_lengths)
+    for i, n in enumerate(lengths):
+        alone = _hypotheses(generator, src[i : i + 1, -n:], src_lengths[i : i + 1])
+        assert alone[0] == batched[i], f"sentence {i}"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_parameter_gets_a_gradient(arch):
+    torch.manual_seed(0)
+    d = make_dictionary()
+    model = build_model(arch, d, dropout=0.1, attention_dropout=0.1).train()
+    src, src_lengths, prev = random_batch(d, [5, 3, 7], tgt_len=6)
+    logits, _ = model(src, src_lengths, prev)
+    torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.size(-1)), torch.randint(4, len(d), (logits.numel() // logits.size(-1),))
+    ).backward()
+    missing = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    assert not missing, f"no gradient for {missing}"
+
+
+@pytest.mark.parametrize("trained, decoded", [("soft", "hard"), ("hard", "soft")])
+def test_a_model_trained_with_one_kind_decodes_with_the_other(trained, decoded):
+    """Table 4's switch: same parameters, only the decoder attention kind changes."""
+    d = make_dictionary()
+
+    def model_with(kind):
+        return build_model("hard_retrieval_transformer", d,
+                           dec_self_attn_kind=kind, dec_cross_attn_kind=kind).eval()
+
+    as_trained, switched = model_with(trained), model_with(decoded)
+    switched.load_state_dict(as_trained.state_dict(), strict=True)
+    assert isinstance(switched.decoder.layers[0].encoder_attn,
+                      HardRetrievalAttention) == (decoded == "hard")
+    src, src_lengths, prev = random_batch(d, [4, 6])
+    with torch.no_grad():
+        before = as_trained(src, src_lengths, prev)[0]
+        after = switched(src, src_lengths, prev)[0]
+    assert not torch.allclose(before, after)  # the decoding kind changed the computation
