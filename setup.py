@@ -21,6 +21,7 @@ setup(
         "torch>=2.1",
         "sacrebleu>=2.0",
         "subword-nmt>=0.3.8",
+        "sacremoses>=0.1",  # detokenizing output for sacreBLEU
         "numpy",
     ],
     extras_require={

@@ -43,11 +43,17 @@ def retrieved_positions(out):
     return out[..., ::HEAD_DIM].round().long()
 
 
-def test_straight_through_gradients_equal_dense_attention_gradients():
+@pytest.mark.parametrize("layout", ["batch_major", "time_major"])
+def test_straight_through_gradients_equal_dense_attention_gradients(layout):
+    """Both memory layouts: the decoding cache (batch-major) and fresh
+    projections, a transposed view of time-major memory."""
     torch.manual_seed(0)
     n, t, s, d = 3, 4, 5, 6
     probs = torch.softmax(torch.randn(n, t, s, dtype=torch.float64), -1).requires_grad_()
-    values = torch.randn(n, s, d, dtype=torch.float64, requires_grad=True)
+    if layout == "batch_major":
+        values = torch.randn(n, s, d, dtype=torch.float64, requires_grad=True)
+    else:
+        values = torch.randn(s, n, d, dtype=torch.float64).transpose(0, 1).requires_grad_()
     indices = torch.randint(0, s, (n, t))
     upstream = torch.randn(n, t, d, dtype=torch.float64)
 
@@ -181,6 +187,26 @@ def test_alignment_weights_are_one_hot_only_when_asked():
     assert torch.equal(per_head.sum(-1), torch.ones(HEADS, 2, 3, dtype=per_head.dtype))
     _, mean = attn(query, key, key, static_kv=True, need_weights=True)
     torch.testing.assert_close(mean, per_head.mean(0))
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_left_padded_queries_with_only_padded_past_give_zeros_not_nan(training):
+    """Causal mask + key padding: the first queries of a left-padded sequence
+    see only padding (the masks combine to an all-masked row)."""
+    torch.manual_seed(0)
+    attn = HardRetrievalAttention(EMBED, HEADS, self_attention=True, dropout=0.2)
+    attn.train(training)
+    x = torch.randn(5, 2, EMBED, requires_grad=True)
+    causal = torch.triu(torch.full((5, 5), float("-inf")), 1)
+    pad = torch.tensor([[True, True, False, False, False], [False] * 5])
+    out, _ = attn(x, x, x, key_padding_mask=pad, attn_mask=causal)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out[:2, 0], attn.out_proj.bias.expand(2, -1))
+    assert not torch.allclose(out[2:, 0], attn.out_proj.bias.expand(3, -1))
+    if training:
+        out.sum().backward()
+        assert all(torch.isfinite(p.grad).all() for p in attn.parameters())
+        assert torch.isfinite(x.grad).all()
 
 
 @pytest.mark.parametrize("training", [True, False])

@@ -1,0 +1,72 @@
+"""Average the parameters of a run's last epoch checkpoints (fairseq's
+``scripts/average_checkpoints.py``, which the fairseq wheel does not ship).
+
+Usage: python -m fairseq_hardattn.average_checkpoints --inputs RUN_DIR
+           --num-epoch-checkpoints 5 --output RUN_DIR/checkpoint_avg.pt
+"""
+
+import argparse
+import os
+import re
+import sys
+
+import torch
+
+from . import checkpoint_compat  # noqa: F401  (torch >= 2.6 loads fairseq checkpoints)
+
+
+def last_epoch_checkpoints(run_dir, count):
+    pattern = re.compile(r"checkpoint(\d+)\.pt$")
+    epochs = sorted(
+        (int(m.group(1)), os.path.join(run_dir, name))
+        for name in os.listdir(run_dir)
+        if (m := pattern.fullmatch(name))
+    )
+    if len(epochs) < count:
+        raise ValueError(
+            f"{run_dir}: found {len(epochs)} epoch checkpoints, need {count}"
+        )
+    return [path for _, path in epochs[-count:]]
+
+
+def average(paths):
+    """The first checkpoint's state with its model parameters averaged over ``paths``."""
+    summed, state = None, None
+    for path in paths:
+        state = torch.load(path, map_location="cpu")
+        params = state["model"]
+        if summed is None:
+            summed = {k: v.double() if v.is_floating_point() else v.clone()
+                      for k, v in params.items()}
+            first = state
+        else:
+            if params.keys() != summed.keys():
+                raise ValueError(f"{path} has different parameters than {paths[0]}")
+            for k, v in params.items():
+                if v.is_floating_point():
+                    summed[k] += v.double()
+    first["model"] = {
+        k: (v / len(paths)).to(first["model"][k].dtype) if v.is_floating_point() else v
+        for k, v in summed.items()
+    }
+    first["last_optimizer_state"] = None  # not needed to decode; halves the size
+    return first
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="Average the last epoch checkpoints of a run.")
+    parser.add_argument("--inputs", required=True, help="the run's --save-dir")
+    parser.add_argument("--num-epoch-checkpoints", type=int, required=True)
+    parser.add_argument("--output", required=True)
+    args = parser.parse_args(argv)
+    try:
+        paths = last_epoch_checkpoints(args.inputs, args.num_epoch_checkpoints)
+    except (ValueError, FileNotFoundError) as err:
+        parser.error(str(err))
+    print("averaging", ", ".join(os.path.basename(p) for p in paths), file=sys.stderr)
+    torch.save(average(paths), args.output)
+    print(f"wrote {args.output}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""BLEU of ``fairseq-generate`` output, two ways.
+
+- tokenized, lowercased BLEU against tokenized references (what published
+  Multi30k/WMT numbers use; the same as multi-bleu.perl), and
+- sacreBLEU on detokenized output against the raw references, with its
+  signature so others can reproduce it.
+
+Usage: python -m fairseq_hardattn.scoring GENERATE_OUTPUT --tok-ref REF.tok
+           [--raw-ref REF.raw --detok-lang de] [--json]
+"""
+
+import argparse
+import json
+import re
+import sys
+from typing import Dict, List, Optional
+
+import sacrebleu
+
+_HYPOTHESIS = re.compile(r"^H-(\d+)\t[^\t]*\t(.*)$", flags=re.M)
+_DETOKENIZED = re.compile(r"^D-(\d+)\t[^\t]*\t(.*)$", flags=re.M)
+
+
+def read_hypotheses(generate_output: str, detokenized: bool = False) -> List[str]:
+    """Hypotheses of ``fairseq-generate`` output in test-set order.
+
+    ``H-`` lines hold the output with BPE removed when ``--remove-bpe`` is
+    given; ``D-`` lines the detokenized output when ``--tokenizer`` is.
+    """
+    pattern = _DETOKENIZED if detokenized else _HYPOTHESIS
+    by_id: Dict[int, str] = {int(i): text for i, text in pattern.findall(generate_output)}
+    if not by_id:
+        raise ValueError("no hypotheses found in the fairseq-generate output")
+    missing = sorted(set(range(max(by_id) + 1)) - set(by_id))
+    if missing:
+        raise ValueError(f"fairseq-generate output lacks sentences {missing[:10]}")
+    return [by_id[i] for i in range(len(by_id))]
+
+
+def _read_lines(path: str) -> List[str]:
+    with open(path, encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f]
+
+
+def _check_lengths(hyps: List[str], refs: List[str], ref_path: str):
+    if len(hyps) != len(refs):
+        raise ValueError(f"{len(hyps)} hypotheses but {len(refs)} references in {ref_path}")
+
+
+def tokenized_bleu(hyps: List[str], tok_ref_path: str) -> float:
+    """Tokenized, lowercased BLEU (the published-numbers convention)."""
+    refs = _read_lines(tok_ref_path)
+    _check_lengths(hyps, refs, tok_ref_path)
+    return sacrebleu.corpus_bleu(hyps, [refs], tokenize="none", lowercase=True).score
+
+
+def detokenize(lines: List[str], lang: str) -> List[str]:
+    """Moses detokenization (undoes the ``&apos;``-style escaping too)."""
+    from sacremoses import MosesDetokenizer
+
+    detok = MosesDetokenizer(lang=lang)
+    return [detok.detokenize(line.split()) for line in lines]
+
+
+def sacre_bleu(hyps: List[str], raw_ref_path: str, detok_lang: Optional[str]):
+    """sacreBLEU (13a tokenization, lowercased: our models are trained lowercased)."""
+    refs = _read_lines(raw_ref_path)
+    _check_lengths(hyps, refs, raw_ref_path)
+    if detok_lang:
+        hyps = detokenize(hyps, detok_lang)
+    metric = sacrebleu.metrics.BLEU(lowercase=True)
+    score = metric.corpus_score(hyps, [refs])
+    return score.score, str(metric.get_signature())
+
+
+def score_generate_output(generate_output, tok_ref=None, raw_ref=None, detok_lang=None):
+    hyps = read_hypotheses(generate_output)
+    result = {"sentences": len(hyps)}
+    if tok_ref:
+        result["bleu_tok_lc"] = round(tokenized_bleu(hyps, tok_ref), 2)
+    if raw_ref:
+        score, signature = sacre_bleu(hyps, raw_ref, detok_lang)
+        result["sacrebleu"] = round(score, 2)
+        result["sacrebleu_signature"] = signature
+    return result
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("generate_output", help="fairseq-generate stdout (run with --remove-bpe)")
+    parser.add_argument("--tok-ref", help="tokenized references, for tokenized lowercased BLEU")
+    parser.add_argument("--raw-ref", help="raw references, for sacreBLEU")
+    parser.add_argument("--detok-lang", help="Moses-detokenize hypotheses for sacreBLEU (e.g. de)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    if not (args.tok_ref or args.raw_ref):
+        parser.error("give --tok-ref and/or --raw-ref")
+    try:
+        with open(args.generate_output, encoding="utf-8") as f:
+            result = score_generate_output(f.read(), args.tok_ref, args.raw_ref, args.detok_lang)
+    except (OSError, ValueError) as err:
+        parser.error(str(err))
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for key, value in result.items():
+            print(f"{key}: {value}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
