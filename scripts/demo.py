@@ -1,0 +1,180 @@
+#!/usr/bin/env python
+"""The main job (``make demo``): soft vs hard retrieval attention end to end.
+
+With no data given, it writes a deterministic synthetic translation task in
+which attention matters (word-by-word translation with phrase reversal, see
+fairseq_hardattn/synthetic.py), then, through fairseq's own command-line
+tools with ``--user-dir fairseq_hardattn``:
+
+1. fairseq-preprocess the data;
+2. fairseq-train the soft baseline and ``transformer_hard_dec`` at the small
+   preset, with identical settings;
+3. fairseq-generate the test set with each (beam 4) and score it with sacreBLEU;
+4. time decoding side by side in one process (same batches, interleaved
+   repetitions, median) and print a table: arch, BLEU, sentences/s, ratio.
+
+Usage: scripts/demo.py [--work-dir demo_work] [--data RAW_DIR] [--epochs N]
+RAW_DIR holds {train,valid,test}.{src,tgt}, one sentence per line.
+"""
+
+import argparse
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+USER_DIR = REPO / "fairseq_hardattn"
+BIN = Path(sys.executable).parent
+
+MODELS = [  # (label, --arch): the soft baseline first
+    ("soft baseline", "transformer_soft_small"),
+    ("hard retrieval", "transformer_hard_dec_small"),
+]
+
+
+# in-process fairseq (the timing step) would log every dataset and model load
+logging.basicConfig(level=logging.WARNING)
+logging.getLogger("fairseq").setLevel(logging.WARNING)
+warnings.filterwarnings("ignore")
+
+
+def log(message):
+    print(f"[demo {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def tool(name):
+    exe = BIN / name
+    if exe.exists():
+        return [str(exe)]
+    return [sys.executable, "-m", "fairseq_cli." + name.split("-", 1)[1]]
+
+
+def run(cmd, log_path, show=None):
+    """Run a command, keep its full output in ``log_path``, echo matching lines."""
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    with open(log_path, "w") as log_file:
+        proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, env=env)
+        for line in proc.stdout:
+            log_file.write(line)
+            if show and re.search(show, line):
+                print("    " + line.split("| INFO |")[-1].strip(), flush=True)
+        if proc.wait() != 0:
+            sys.exit(f"demo: {Path(cmd[0]).name} failed; see {log_path}")
+
+
+def prepare_data(args, work):
+    raw = work / "raw"
+    if args.data:
+        raw = Path(args.data)
+        for split in ("train", "valid", "test"):
+            for side in ("src", "tgt"):
+                if not (raw / f"{split}.{side}").is_file():
+                    sys.exit(f"demo: {raw}/{split}.{side} is missing")
+        log(f"using the data in {raw}")
+    else:
+        from fairseq_hardattn import synthetic
+
+        synthetic.write_task("reorder", str(raw), sizes=(12000, 300, 500), seed=1)
+        log(f"wrote the synthetic reordering task to {raw} (12000/300/500 sentence pairs)")
+    data_bin = work / "data-bin"
+    if data_bin.exists():
+        shutil.rmtree(data_bin)
+    run(tool("fairseq-preprocess") + [
+        "--source-lang", "src", "--target-lang", "tgt", "--joined-dictionary",
+        "--trainpref", raw / "train", "--validpref", raw / "valid", "--testpref", raw / "test",
+        "--destdir", data_bin, "--workers", 1,
+    ], work / "preprocess.log")
+    return raw, data_bin
+
+
+def train(args, work, data_bin, arch):
+    save_dir = work / "checkpoints" / arch
+    if save_dir.exists():
+        shutil.rmtree(save_dir)
+    save_dir.mkdir(parents=True)
+    run(tool("fairseq-train") + [
+        data_bin, "--user-dir", USER_DIR, "--arch", arch, "--cpu", "--seed", 1,
+        "--share-all-embeddings", "--dropout", 0.1,
+        "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--clip-norm", 1.0,
+        "--lr", 2e-3, "--lr-scheduler", "inverse_sqrt", "--warmup-updates", 200,
+        "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", 0.1,
+        "--max-tokens", 1024, "--max-epoch", args.epochs, "--num-workers", 0,
+        "--save-dir", save_dir, "--no-epoch-checkpoints", "--no-last-checkpoints",
+        "--no-progress-bar", "--log-format", "simple", "--log-interval", 1000,
+    ], save_dir.with_suffix(".train.log"), show=r"\| valid \| epoch")
+    return save_dir / "checkpoint_best.pt"
+
+
+def translate(work, data_bin, checkpoint, raw, arch):
+    from fairseq_hardattn.scoring import read_hypotheses, sacre_bleu
+
+    gen_path = work / f"{arch}.test.gen"
+    run(tool("fairseq-generate") + [
+        data_bin, "--user-dir", USER_DIR, "--path", checkpoint, "--cpu",
+        "--beam", 4, "--batch-size", 64,
+    ], gen_path)
+    hyps = read_hypotheses(gen_path.read_text())
+    bleu, signature = sacre_bleu(hyps, str(raw / "test.tgt"), detok_lang=None)
+    return bleu, signature
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--work-dir", default=str(REPO / "demo_work"))
+    parser.add_argument("--data", help="raw data folder (default: the synthetic task)")
+    parser.add_argument("--epochs", type=int, default=12)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=5, help="timing repetitions")
+    args = parser.parse_args()
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    work = Path(args.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+
+    log("step 1/4: data")
+    raw, data_bin = prepare_data(args, work)
+    checkpoints, scores = {}, {}
+    for i, (label, arch) in enumerate(MODELS):
+        log(f"step 2/4: fairseq-train {arch} ({label}), {args.epochs} epochs "
+            f"[{i + 1}/{len(MODELS)}]")
+        checkpoints[arch] = train(args, work, data_bin, arch)
+    for label, arch in MODELS:
+        log(f"step 3/4: fairseq-generate {arch} (beam 4)")
+        scores[arch] = translate(work, data_bin, checkpoints[arch], raw, arch)
+        log(f"    sacreBLEU {scores[arch][0]:.2f}")
+
+    log(f"step 4/4: decoding speed, side by side ({args.reps} interleaved repetitions)")
+    import torch
+    from fairseq_hardattn import benchmark
+
+    torch.set_num_threads(args.threads)
+    task = benchmark.setup_translation_task(str(data_bin))
+    specs = [benchmark.ModelSpec(name=arch, checkpoint=str(checkpoints[arch])) for _, arch in MODELS]
+    models = benchmark.load_models(specs, task)
+    batches = benchmark.test_batches(task, "test", batch_size=64)
+    timings = benchmark.benchmark_decoding(
+        models, task.target_dictionary, batches, beam=4, reps=args.reps, warmup=1,
+        progress=lambda m: log("    " + m))
+
+    base = MODELS[0][1]
+    base_rate = timings[base].rate(timings[base].sentences, benchmark.statistics.median)
+    print()
+    print(f"{'arch':<28} {'sacreBLEU':>9} {'sentences/s':>12} {'speed vs soft':>14}")
+    for label, arch in MODELS:
+        rate = timings[arch].rate(timings[arch].sentences, benchmark.statistics.median)
+        print(f"{arch:<28} {scores[arch][0]:>9.2f} {rate:>12.1f} {rate / base_rate:>13.2f}x")
+    print(f"\nsacreBLEU signature: {scores[base][1]}")
+    print(f"test set: {timings[base].sentences} sentences, beam 4, batch 64, "
+          f"{args.threads} thread(s), median of {args.reps}; total time "
+          f"{(time.time() - started) / 60:.1f} min; logs in {work}")
+
+
+if __name__ == "__main__":
+    main()
