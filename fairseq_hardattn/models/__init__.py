@@ -1,1 +1,3 @@
 from . import hard_retrieval_transformer  # noqa: F401  (registers the models)
+from . import cross_self_transformer  # noqa: F401
+from . import aan_transformer  # noqa: F401

@@ -38,6 +38,8 @@ from ..errors import ConfigError
 from ..modules import ATTENTION_KINDS, attention_class
 
 MODEL_NAME = "hard_retrieval_transformer"
+# the value a family's presets give the kind option of a sublayer it replaces
+REPLACED = "replaced"
 
 # option name -> the sublayer it configures
 ATTENTION_KIND_OPTIONS = {
@@ -54,10 +56,10 @@ def set_defaults(args, **defaults):
             setattr(args, name, value)
 
 
-def attention_kind(cfg, option):
+def attention_kind(cfg, option, kinds=ATTENTION_KINDS):
     """Class for the kind that ``option`` selects, with a clear error if unknown."""
     kind = getattr(cfg, option, None) or "soft"
-    return attention_class(kind, "--" + option.replace("_", "-"))
+    return attention_class(kind, "--" + option.replace("_", "-"), kinds)
 
 
 def wrap_layer(layer, cfg):
@@ -110,13 +112,17 @@ class AttentionKindDecoderLayer(TransformerDecoderLayerBase):
 
 
 class AttentionKindEncoder(TransformerEncoderBase):
+    layer_class = AttentionKindEncoderLayer
+
     def build_encoder_layer(self, cfg):
-        return wrap_layer(AttentionKindEncoderLayer(cfg, return_fc=self.return_fc), cfg)
+        return wrap_layer(self.layer_class(cfg, return_fc=self.return_fc), cfg)
 
 
 class AttentionKindDecoder(TransformerDecoderBase):
+    layer_class = AttentionKindDecoderLayer
+
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        return wrap_layer(AttentionKindDecoderLayer(cfg, no_encoder_attn), cfg)
+        return wrap_layer(self.layer_class(cfg, no_encoder_attn), cfg)
 
 
 @register_model(MODEL_NAME)
@@ -134,14 +140,27 @@ class HardRetrievalTransformerModel(TransformerModel):
                 help=f"attention kind of the {sublayer} (default: the architecture's)",
             )
 
+    # option -> the kinds it accepts in this family
+    kind_choices = {option: ATTENTION_KINDS for option in ATTENTION_KIND_OPTIONS}
+    # options of sublayers a family replaces -> why; their presets set REPLACED
+    replaced_sublayers = {}
+
     @classmethod
     def validate_args(cls, args):
         """Raise ``ConfigError`` for options no model of this family can build."""
-        for option in ATTENTION_KIND_OPTIONS:
-            try:
-                attention_kind(args, option)
-            except ValueError as err:
-                raise ConfigError(str(err)) from None
+        for option, kinds in cls.kind_choices.items():
+            value = getattr(args, option, None)
+            flag = "--" + option.replace("_", "-")
+            if option in cls.replaced_sublayers:
+                if value != REPLACED:
+                    raise ConfigError(
+                        f"{flag} does not apply to --arch {args.arch}: "
+                        f"{cls.replaced_sublayers[option]}"
+                    )
+            elif value not in kinds:
+                raise ConfigError(
+                    f"unknown {flag} {value!r}; choose one of: {', '.join(kinds)}"
+                )
 
     @classmethod
     def build_model(cls, args, task):
@@ -149,16 +168,24 @@ class HardRetrievalTransformerModel(TransformerModel):
         cls.validate_args(args)
         return super().build_model(args, task)
 
+    encoder_class = AttentionKindEncoder
+    decoder_class = AttentionKindDecoder
+
+    @classmethod
+    def encoder_decoder_classes(cls, args):
+        """The encoder and decoder classes ``args`` call for (families override)."""
+        return cls.encoder_class, cls.decoder_class
+
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
-        return AttentionKindEncoder(
-            TransformerConfig.from_namespace(args), src_dict, embed_tokens
-        )
+        encoder_class, _ = cls.encoder_decoder_classes(args)
+        return encoder_class(TransformerConfig.from_namespace(args), src_dict, embed_tokens)
 
     @classmethod
     def build_decoder(cls, args, tgt_dict, embed_tokens):
+        _, decoder_class = cls.encoder_decoder_classes(args)
         cfg = TransformerConfig.from_namespace(args)
-        return AttentionKindDecoder(
+        return decoder_class(
             cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention
         )
 

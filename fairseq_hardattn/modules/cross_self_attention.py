@@ -1,0 +1,152 @@
+"""Cross+self attention (Peitz, Garg et al. 2019): one multi-head attention
+whose queries are the decoder states and whose keys/values are
+concat(encoder states, decoder states); causal mask on the decoder part only,
+source padding mask on the encoder part.
+
+It replaces decoder self-attention inside fairseq's own decoder layer run with
+``cross_self_attention=True`` (the layer concatenates the encoder output and
+builds both masks). What fairseq's own version does not do, and this one does:
+in incremental decoding the encoder part of K/V is projected once per
+*sentence* (not per hypothesis) and kept apart from the decoder part, so beam
+search neither stores it ``beam`` times nor copies it on every reorder; only
+the decoder part grows and is reordered. The full-sequence forward (training)
+is one attention over the concatenation, as fairseq's.
+
+``CrossSelfAttention`` is the soft kind, ``HardCrossSelfAttention`` the hard
+retrieval kind (argmax over both parts in inference, sampling in training).
+"""
+
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .cached_projection import CachedProjectionAttention, IncrementalState
+from .hard_retrieval_attention import HardRetrievalAttention, retrieve
+
+_SOURCE_STATE = "cross_self_source"
+
+
+class CrossSelfAttention(CachedProjectionAttention):
+    """Soft cross+self attention; constructed with ``self_attention=False``."""
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Optional[Tensor],
+        value: Optional[Tensor],
+        key_padding_mask: Optional[Tensor] = None,
+        incremental_state: IncrementalState = None,
+        need_weights: bool = True,
+        static_kv: bool = False,
+        attn_mask: Optional[Tensor] = None,
+        before_softmax: bool = False,
+        need_head_weights: bool = False,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        if incremental_state is None:
+            # one attention over [encoder; decoder]: the kind's own forward
+            return super().forward(
+                query, key, value, key_padding_mask=key_padding_mask,
+                need_weights=need_weights, attn_mask=attn_mask,
+                before_softmax=before_softmax, need_head_weights=need_head_weights,
+            )
+        if self.training and isinstance(self, HardRetrievalAttention):
+            raise RuntimeError("incremental decoding runs in eval mode; call model.eval()")
+        tgt_len, bsz, _ = query.size()
+        source = self._source_state(incremental_state)
+        if "key" not in source:
+            # first step: fairseq's layer passed key = value = [encoder; decoder]
+            src_len = key.size(0) - tgt_len
+            source_padding = None if key_padding_mask is None else key_padding_mask[:, :src_len]
+            source = self._project_source(key[:src_len], source_padding, bsz)
+            self.set_incremental_state(incremental_state, _SOURCE_STATE, source)
+            target_padding = None if key_padding_mask is None else key_padding_mask[:, src_len:]
+            if attn_mask is not None:
+                attn_mask = attn_mask[:, src_len:]
+            target = key[src_len:]
+        else:
+            target_padding, target = key_padding_mask, key
+        q, k, v, target_padding, _ = self.project(
+            query, target, target, target_padding, incremental_state, static_kv=False
+        )
+        if not isinstance(self, HardRetrievalAttention) or self.training:
+            q = q * self.scaling
+        source_kv_bsz = source["key"].size(0)
+        heads, head_dim = self.num_heads, self.head_dim
+        source_k = source["key"].view(source_kv_bsz * heads, -1, head_dim)
+        source_v = source["value"].view(source_kv_bsz * heads, -1, head_dim)
+        scores = torch.cat([
+            self.mask_scores(self.attention_scores(q, source_k, source_kv_bsz), None,
+                             source.get("padding_mask"), source_kv_bsz),
+            self.mask_scores(self.attention_scores(q, k, bsz), attn_mask, target_padding, bsz),
+        ], dim=-1)
+        out = self.attend_parts(scores, source_v, v, source_kv_bsz, bsz)
+        return self.merge_heads(out, tgt_len, bsz), None
+
+    def _source_state(self, incremental_state) -> Dict[str, Optional[Tensor]]:
+        return self.get_incremental_state(incremental_state, _SOURCE_STATE) or {}
+
+    def _project_source(self, source: Tensor, padding: Optional[Tensor], bsz: int):
+        """Encoder part of K/V, one copy per sentence when decoding a beam."""
+        if self.beam_size > 1 and source.size(1) == bsz:
+            source = source.view(source.size(0), -1, self.beam_size, source.size(2))[:, :, 0]
+            if padding is not None:
+                padding = padding.view(-1, self.beam_size, padding.size(1))[:, 0]
+        src_len, kv_bsz, _ = source.size()
+        shape = (src_len, kv_bsz, self.num_heads, self.head_dim)
+        state = {
+            # cached as (kv_bsz, heads, src_len, head_dim), as fairseq caches K/V
+            "key": self.k_proj(source).view(shape).permute(1, 2, 0, 3).contiguous(),
+            "value": self.v_proj(source).view(shape).permute(1, 2, 0, 3).contiguous(),
+        }
+        if padding is not None and padding.any():
+            state["padding_mask"] = padding.to(torch.bool)
+        return state
+
+    def attend_parts(self, scores: Tensor, source_v: Tensor, target_v: Tensor,
+                     source_kv_bsz: int, bsz: int) -> Tensor:
+        """Softmax over both parts; P_source·V_source (per sentence) + P_target·V_target."""
+        probs = F.softmax(scores.float(), dim=-1).type_as(scores)
+        probs = self.dropout_module(probs)
+        src_len = source_v.size(1)
+        source_probs, target_probs = probs[..., :src_len], probs[..., src_len:]
+        if source_kv_bsz == bsz:
+            out = torch.bmm(source_probs, source_v)
+        else:
+            heads = self.num_heads
+            out = torch.einsum(
+                "bxhts,bhsd->bxhtd",
+                source_probs.reshape((source_kv_bsz, -1, heads) + source_probs.shape[1:]),
+                source_v.view((source_kv_bsz, heads) + source_v.shape[1:]),
+            ).reshape(-1, source_probs.size(1), source_v.size(-1))
+        return out.baddbmm_(target_probs, target_v)
+
+    def reorder_incremental_state(self, incremental_state, new_order: Tensor):
+        """Decoder part per hypothesis; the encoder part per sentence, reordered
+        only when the generator drops finished sentences."""
+        super().reorder_incremental_state(incremental_state, new_order)
+        source = self._source_state(incremental_state)
+        if source and source["key"].size(0) * self.beam_size != new_order.size(0):
+            if self.beam_size > 1:
+                sentence_order = new_order.reshape(-1, self.beam_size)[:, 0] // self.beam_size
+            else:
+                sentence_order = new_order
+            for name, tensor in source.items():
+                source[name] = tensor.index_select(0, sentence_order)
+            self.set_incremental_state(incremental_state, _SOURCE_STATE, source)
+        return incremental_state
+
+
+class HardCrossSelfAttention(CrossSelfAttention, HardRetrievalAttention):
+    """Hard retrieval over [encoder; decoder]: one key per head and query."""
+
+    def attend_parts(self, scores: Tensor, source_v: Tensor, target_v: Tensor,
+                     source_kv_bsz: int, bsz: int) -> Tensor:
+        indices = scores.argmax(dim=-1)
+        src_len = source_v.size(1)
+        from_source = retrieve(source_v, self._value_rows(bsz, source_kv_bsz, scores.device),
+                               indices.clamp(max=src_len - 1))
+        from_target = retrieve(target_v, self._value_rows(bsz, bsz, scores.device),
+                               (indices - src_len).clamp(min=0))
+        return torch.where((indices < src_len).unsqueeze(-1), from_source, from_target)
