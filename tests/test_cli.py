@@ -121,3 +121,29 @@ def test_unknown_attention_kind_in_model_overrides_is_one_line(trained_checkpoin
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr
     assert "error: unknown --dec-cross-attn-kind 'fuzzy'; choose one of: soft, hard" in proc.stderr
+
+
+def test_sharing_rows_print_their_parameter_counts(reorder_data, tmp_path):
+    """fairseq prints the parameter count at start; sharing must lower it."""
+    counts = {}
+    for level in ("none", "attention", "attention+ffn", "attention+ffn+norm"):
+        proc = train(reorder_data, tmp_path / level, "transformer_cross_self",
+                     "--enc-dec-sharing", level, updates=1)
+        found = re.search(r"num\. shared model params: ([\d,]+)", proc.stdout + proc.stderr)
+        counts[level] = int(found.group(1).replace(",", ""))
+    values = list(counts.values())
+    assert values == sorted(values, reverse=True) and len(set(values)) == 4, counts
+    out = generate(reorder_data, tmp_path / "attention+ffn+norm" / "checkpoint_last.pt")
+    assert len(hypotheses(out.stdout)) == TEST_SENTENCES
+
+
+def test_layerwise_with_unequal_depths_is_one_clear_line(reorder_data, tmp_path):
+    proc = run_cli(
+        "fairseq-train", reorder_data, "--arch", "transformer_cross_self_layerwise",
+        *TRAIN_FLAGS, *TINY_DIM_FLAGS, "--encoder-layers", 3, "--save-dir", tmp_path,
+        check=False,
+    )
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    assert ("error: --cross-self-source layerwise pairs encoder layer i with decoder "
+            "layer i: --encoder-layers (3) must equal --decoder-layers (2)") in proc.stderr
