@@ -9,7 +9,7 @@ and makes configuration errors print in one line.
 from . import batching_fix  # noqa: F401
 from . import checkpoint_compat  # noqa: F401  (before anything loads a checkpoint)
 from .errors import ConfigError, install_error_hook
-from . import models  # noqa: F401
+from . import criterions, models  # noqa: F401
 
 install_error_hook()
 

@@ -54,7 +54,9 @@ class TinyTask:
 def build_model(arch, dictionary=None, **overrides):
     """Build ``arch`` at tiny dims (unless overridden), dropout off, float64."""
     dictionary = dictionary or make_dictionary()
-    values = dict(TINY_DIMS, dropout=0.0, attention_dropout=0.0)
+    # flexible attention's default threshold (auto) needs the mean source
+    # length that training measures on the validation set; other families ignore it
+    values = dict(TINY_DIMS, dropout=0.0, attention_dropout=0.0, flexible_mean_source_length=5.0)
     values.update(overrides)
     args = argparse.Namespace(arch=arch, **values)
     ARCH_CONFIG_REGISTRY[arch](args)

@@ -11,11 +11,13 @@ from fairseq.modules import MultiheadAttention
 from .average_attention import AverageAttention
 from .cached_projection import CachedProjectionAttention
 from .cross_self_attention import CrossSelfAttention, HardCrossSelfAttention
+from .flexible_attention import FlexibleAttention
 from .hard_retrieval_attention import (
     HardRetrievalAttention,
     StraightThroughRetrieval,
     sample_key_indices,
 )
+from .local_attention import LocalAttention
 
 ATTENTION_KINDS = {
     "soft": MultiheadAttention,
@@ -45,8 +47,10 @@ __all__ = [
     "CROSS_SELF_KINDS",
     "CachedProjectionAttention",
     "CrossSelfAttention",
+    "FlexibleAttention",
     "HardCrossSelfAttention",
     "HardRetrievalAttention",
+    "LocalAttention",
     "StraightThroughRetrieval",
     "attention_class",
     "sample_key_indices",

@@ -28,6 +28,10 @@ class CachedProjectionAttention(MultiheadAttention):
     supports.
     """
 
+    # parameters a mechanism adds to MultiheadAttention's: a checkpoint
+    # trained with another kind lacks them, and loading starts them fresh
+    new_parameter_prefixes: Tuple[str, ...] = ()
+
     def __init__(self, embed_dim, num_heads, *args, **kwargs):
         unsupported = [
             name
@@ -150,6 +154,28 @@ class CachedProjectionAttention(MultiheadAttention):
         )
         return scores.reshape((-1,) + scores.size()[-2:])
 
+    def weighted_values(self, probs: Tensor, v: Tensor, kv_bsz: int) -> Tensor:
+        """P·V as (bsz*heads, tgt_len, head_dim), grouping hypotheses by sentence."""
+        if probs.size(0) == v.size(0):
+            return torch.bmm(probs, v)
+        heads = self.num_heads
+        out = torch.einsum(
+            "bxhts,bhsd->bxhtd",
+            probs.reshape((kv_bsz, -1, heads) + probs.shape[1:]),
+            v.view((kv_bsz, heads) + v.shape[1:]),
+        )
+        return out.reshape(-1, probs.size(1), v.size(-1))
+
+    def value_rows(self, bsz: int, kv_bsz: int, device) -> Tensor:
+        """Row of K/V (kv_bsz*heads rows) for each query row (bsz*heads rows):
+        the hypotheses of a beam share their sentence's rows when
+        encoder-decoder attention keeps one copy per sentence."""
+        rows = torch.arange(bsz * self.num_heads, device=device)
+        if kv_bsz == bsz:
+            return rows
+        beam = bsz // kv_bsz
+        return (rows // (beam * self.num_heads)) * self.num_heads + rows % self.num_heads
+
     def mask_scores(
         self,
         scores: Tensor,
@@ -184,3 +210,11 @@ class CachedProjectionAttention(MultiheadAttention):
         tgt_len, src_len = weights.shape[-2:]
         weights = weights.view(bsz, self.num_heads, tgt_len, src_len).transpose(1, 0)
         return weights if need_head_weights else weights.mean(dim=0)
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        super().upgrade_state_dict_named(state_dict, name)
+        prefix = name + "." if name else ""
+        for param_name, param in self.named_parameters():
+            if (param_name.startswith(self.new_parameter_prefixes)
+                    and prefix + param_name not in state_dict):
+                state_dict[prefix + param_name] = param.detach().clone()

@@ -110,17 +110,8 @@ class CrossSelfAttention(CachedProjectionAttention):
         probs = F.softmax(scores.float(), dim=-1).type_as(scores)
         probs = self.dropout_module(probs)
         src_len = source_v.size(1)
-        source_probs, target_probs = probs[..., :src_len], probs[..., src_len:]
-        if source_kv_bsz == bsz:
-            out = torch.bmm(source_probs, source_v)
-        else:
-            heads = self.num_heads
-            out = torch.einsum(
-                "bxhts,bhsd->bxhtd",
-                source_probs.reshape((source_kv_bsz, -1, heads) + source_probs.shape[1:]),
-                source_v.view((source_kv_bsz, heads) + source_v.shape[1:]),
-            ).reshape(-1, source_probs.size(1), source_v.size(-1))
-        return out.baddbmm_(target_probs, target_v)
+        out = self.weighted_values(probs[..., :src_len], source_v, source_kv_bsz)
+        return out.baddbmm_(probs[..., src_len:], target_v)
 
     def reorder_incremental_state(self, incremental_state, new_order: Tensor):
         """Decoder part per hypothesis; the encoder part per sentence, reordered
@@ -145,8 +136,8 @@ class HardCrossSelfAttention(CrossSelfAttention, HardRetrievalAttention):
                      source_kv_bsz: int, bsz: int) -> Tensor:
         indices = scores.argmax(dim=-1)
         src_len = source_v.size(1)
-        from_source = retrieve(source_v, self._value_rows(bsz, source_kv_bsz, scores.device),
+        from_source = retrieve(source_v, self.value_rows(bsz, source_kv_bsz, scores.device),
                                indices.clamp(max=src_len - 1))
-        from_target = retrieve(target_v, self._value_rows(bsz, bsz, scores.device),
+        from_target = retrieve(target_v, self.value_rows(bsz, bsz, scores.device),
                                (indices - src_len).clamp(min=0))
         return torch.where((indices < src_len).unsqueeze(-1), from_source, from_target)

@@ -183,7 +183,7 @@ class HardRetrievalAttention(CachedProjectionAttention):
                 weights = self.format_weights(probs, bsz, need_head_weights)
         else:
             indices = scores.argmax(dim=-1)
-            out = retrieve(v, self._value_rows(bsz, kv_bsz, v.device), indices)
+            out = retrieve(v, self.value_rows(bsz, kv_bsz, v.device), indices)
             if empty is not None:
                 out = out.masked_fill(empty, 0.0)
             if need_weights and self.build_alignment:
@@ -219,12 +219,3 @@ class HardRetrievalAttention(CachedProjectionAttention):
             out = out.masked_fill(empty, 0.0)
             probs = probs.masked_fill(empty, 0.0)
         return out, probs
-
-    def _value_rows(self, bsz: int, kv_bsz: int, device) -> Tensor:
-        """Row of V for each query row; hypotheses of a beam share their
-        sentence's V when encoder-decoder attention keeps one copy per sentence."""
-        rows = torch.arange(bsz * self.num_heads, device=device)
-        if kv_bsz == bsz:
-            return rows
-        beam = bsz // kv_bsz
-        return (rows // (beam * self.num_heads)) * self.num_heads + rows % self.num_heads

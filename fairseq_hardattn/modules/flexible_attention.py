@@ -1,0 +1,281 @@
+"""Flexible attention (Shu & Nakayama 2017, "Reducing Redundant Computations
+with Flexible Attention"), as decoder cross-attention.
+
+The attention centre p_t = sum_s a_t(s)·s is tracked per hypothesis and head;
+scores are penalised by g_t (s - p_{t-1})² / (2σ²), with the strength
+g_t = sigmoid(v_gᵀ tanh(W_g h_t + b_g)) computed, per head, from the decoder
+state that queries the attention. The penalty is computed in float32.
+
+Test time, threshold τ: scores are computed only for the band of positions
+whose penalty is below τ, |s - p_{t-1}| < σ·sqrt(2τ/g_t) (plus the position
+nearest p_{t-1}, so that no query is left without keys). Decoding gathers a
+window of K/V rows per hypothesis and head, as wide as the widest band of the
+step, and scores only that window: not a mask over the full score matrix. The
+positions scored are counted (CPS, score computations per decoding step).
+
+Training is parallel over target positions, so p_{t-1} cannot come from the
+previous step's penalised attention. We use a fixed-point refinement: centres
+of an unpenalised pass, shifted by one step, penalise the next pass, whose
+centres, shifted again, penalise the next (``train_passes`` penalised passes,
+default 2). Every pass reuses the same scores (only the penalty and a softmax
+are recomputed), so refinement is cheap, and each pass's centres come closer
+to those decoding uses, the real previous step's. Centres are constants to the
+gradient. ``train_passes=0`` runs the exact recurrence in training as well (a
+loop over target positions). Evaluation (validation included) always runs the
+exact recurrence, so it scores the model that decoding runs. Decoding keeps
+the real previous centre in incremental state under its own key, reordered
+for beam search (fairseq's encoder-decoder attention skips reordering its own
+buffer).
+"""
+
+import math
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .cached_projection import CachedProjectionAttention, IncrementalState
+from .hard_retrieval_attention import retrieve
+
+_CENTRE_STATE = "flexible_centre"
+
+
+def first_key_positions(key_padding_mask: Optional[Tensor], bsz: int, device) -> Tensor:
+    """Index of each sentence's first unpadded key (left padding shifts it)."""
+    if key_padding_mask is None:
+        return torch.zeros(bsz, device=device)
+    return (~key_padding_mask).to(torch.int8).argmax(dim=-1).float()
+
+
+def unpadded_lengths(key_padding_mask: Optional[Tensor], bsz: int, src_len: int, device) -> Tensor:
+    """Number of real (unpadded) keys of each sentence, as float."""
+    if key_padding_mask is None:
+        return torch.full((bsz,), float(src_len), device=device)
+    return (~key_padding_mask).sum(-1).float()
+
+
+def band_half_width(gates: Tensor, sigma: float, threshold: float) -> Tensor:
+    """Half-width of the band |s - p| < σ·sqrt(2τ/g) where the penalty is below τ."""
+    return sigma * torch.sqrt(2.0 * threshold / gates.float().clamp(min=1e-6))
+
+
+def in_band(positions: Tensor, centres: Tensor, half_width: Tensor) -> Tensor:
+    """Positions (..., W) whose penalty is below τ, plus the one nearest the
+    centre; centres and half_width (...)."""
+    centres = centres.float().unsqueeze(-1)
+    nearest = positions == torch.round(centres)
+    return ((positions - centres).abs() < half_width.unsqueeze(-1)) | nearest
+
+
+class CpsCounter:
+    """Counts score computations per decoding step (CPS) while ``enabled``.
+
+    ``scored`` sums the positions scored, ``queries`` counts (hypothesis, head,
+    step) triples, ``available`` sums the positions global attention would
+    score. Kept as tensors: counting adds no synchronisation to decoding.
+    """
+
+    def __init__(self):
+        self.enabled = False
+        self.reset()
+
+    def reset(self):
+        self.scored, self.queries, self.available = 0, 0, 0
+
+    def add(self, scored: Tensor, available: Tensor):
+        if self.enabled:
+            self.scored = self.scored + scored.sum()
+            self.available = self.available + available.sum()
+            self.queries += scored.numel()
+
+    def summary(self):
+        if not self.queries:
+            return None
+        return {"cps": float(self.scored) / self.queries,
+                "global_cps": float(self.available) / self.queries,
+                "queries": self.queries}
+
+
+class FlexibleAttention(CachedProjectionAttention):
+    """Drop-in for fairseq's encoder-decoder ``MultiheadAttention``.
+
+    Extra args: ``sigma`` (σ of the penalty); ``threshold`` (τ; None or inf:
+    no band); ``train_passes`` (see module doc); ``gate_dim`` (hidden size of
+    the gate network, default embed_dim).
+    """
+
+    new_parameter_prefixes = ("gate_",)
+
+    def __init__(self, embed_dim, num_heads, *args, sigma: float = 3.0,
+                 threshold: Optional[float] = None, train_passes: int = 2,
+                 gate_dim: Optional[int] = None, **kwargs):
+        super().__init__(embed_dim, num_heads, *args, **kwargs)
+        if not self.encoder_decoder_attention:
+            raise ValueError("flexible attention replaces decoder cross-attention only")
+        if not sigma > 0:
+            raise ValueError(f"flexible attention: sigma must be > 0, got {sigma}")
+        if threshold is not None and not threshold > 0:
+            raise ValueError(f"flexible attention: threshold must be > 0, got {threshold}")
+        if train_passes < 0:
+            raise ValueError(f"flexible attention: train_passes must be >= 0, got {train_passes}")
+        self.sigma = sigma
+        self.threshold = None if threshold is None or math.isinf(threshold) else threshold
+        self.train_passes = train_passes
+        gate_dim = gate_dim or embed_dim
+        self.gate_hidden = nn.Linear(embed_dim, gate_dim)  # W_g, b_g
+        self.gate_out = nn.Linear(gate_dim, num_heads, bias=False)  # v_g, one per head
+        nn.init.xavier_uniform_(self.gate_hidden.weight)
+        nn.init.zeros_(self.gate_hidden.bias)
+        nn.init.xavier_uniform_(self.gate_out.weight)
+        self.cps = CpsCounter()
+        self.last_gates: Optional[Tensor] = None  # (tgt_len, bsz, heads), for the criterion
+
+    def gates(self, query: Tensor) -> Tensor:
+        """g_t per query position and head: (tgt_len, bsz, heads)."""
+        return torch.sigmoid(self.gate_out(torch.tanh(self.gate_hidden(query))))
+
+    def penalty(self, positions: Tensor, centres: Tensor, gates: Tensor) -> Tensor:
+        """g (s - p)² / (2σ²) in float32; centres and gates (N, T); positions
+        broadcast against (N, T, S)."""
+        distance = positions.float() - centres.float().unsqueeze(-1)
+        return gates.float().unsqueeze(-1) * distance.pow(2) / (2 * self.sigma ** 2)
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Optional[Tensor],
+        value: Optional[Tensor],
+        key_padding_mask: Optional[Tensor] = None,
+        incremental_state: IncrementalState = None,
+        need_weights: bool = True,
+        static_kv: bool = False,
+        attn_mask: Optional[Tensor] = None,
+        before_softmax: bool = False,
+        need_head_weights: bool = False,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        need_weights = need_weights or need_head_weights
+        tgt_len, bsz, _ = query.size()
+        q, k, v, key_padding_mask, kv_bsz = self.project(
+            query, key, value, key_padding_mask, incremental_state, static_kv
+        )
+        q = q * self.scaling
+        gates = self.gates(query)
+        self.last_gates = gates  # read by the fine-tuning criterion after forward
+        gates = gates.permute(1, 2, 0).reshape(bsz * self.num_heads, tgt_len)
+        rows_per_sentence = bsz // kv_bsz * self.num_heads
+        starts = first_key_positions(key_padding_mask, kv_bsz, q.device)
+        starts = starts.repeat_interleave(rows_per_sentence)
+        threshold = None if self.training else self.threshold
+
+        if incremental_state is not None:
+            if tgt_len != 1:
+                raise ValueError("flexible attention decodes one target position per step")
+            state = self.get_incremental_state(incremental_state, _CENTRE_STATE) or {}
+            previous = state["centre"].view(-1, 1) if "centre" in state else starts.unsqueeze(1)
+            if threshold is not None:
+                out, centres = self._banded_step(q, k, v, key_padding_mask, kv_bsz, bsz,
+                                                 previous, gates, threshold)
+                result = (self.merge_heads(out, tgt_len, bsz), None)
+            else:
+                scores = self.mask_scores(self.attention_scores(q, k, kv_bsz), attn_mask,
+                                          key_padding_mask, kv_bsz)
+                probs = self._penalised_softmax(scores, previous, gates)
+                centres = self._centres(probs)
+                visible = (~scores.isneginf()).sum(-1)
+                self.cps.add(visible, visible)
+                result = self._attend(probs, v, kv_bsz, bsz, need_weights, need_head_weights)
+            self.set_incremental_state(incremental_state, _CENTRE_STATE, {
+                "centre": centres[:, -1].detach().view(bsz, self.num_heads)
+            })
+            return result
+
+        scores = self.mask_scores(self.attention_scores(q, k, kv_bsz), attn_mask,
+                                  key_padding_mask, kv_bsz)
+        if before_softmax:
+            return scores, v
+        if self.training and self.train_passes > 0:
+            probs = self._refined_probs(scores, gates, starts)
+        else:
+            probs = self._recurrent_probs(scores, gates, starts, threshold)
+        return self._attend(probs, v, kv_bsz, bsz, need_weights, need_head_weights)
+
+    def _refined_probs(self, scores, gates, starts):
+        """Training, in parallel: p_{t-1} from the previous pass's centres."""
+        probs = F.softmax(scores.float(), dim=-1).type_as(scores)  # unpenalised pass
+        for _ in range(self.train_passes):
+            shifted = torch.cat([starts.unsqueeze(1), self._centres(probs)[:, :-1]], dim=1)
+            probs = self._penalised_softmax(scores, shifted, gates)
+        return probs
+
+    def _recurrent_probs(self, scores, gates, starts, threshold):
+        """The exact recurrence decoding runs, one target position after the
+        other, on precomputed scores (evaluation, or ``train_passes=0``)."""
+        positions = torch.arange(scores.size(-1), device=scores.device)
+        previous = starts.unsqueeze(1)
+        steps = []
+        for t in range(scores.size(1)):
+            band = None
+            if threshold is not None:
+                band = in_band(positions.float(), previous,
+                               band_half_width(gates[:, t:t + 1], self.sigma, threshold))
+            probs = self._penalised_softmax(scores[:, t:t + 1], previous, gates[:, t:t + 1], band)
+            previous = self._centres(probs)
+            steps.append(probs)
+        return torch.cat(steps, dim=1)
+
+    def _penalised_softmax(self, scores, centres, gates, band=None, positions=None):
+        if positions is None:
+            positions = torch.arange(scores.size(-1), device=scores.device)
+        logits = scores.float() - self.penalty(positions, centres, gates)
+        if band is not None:
+            logits = logits.masked_fill(~band, float("-inf"))
+        return F.softmax(logits, dim=-1).type_as(scores)
+
+    @staticmethod
+    def _centres(probs, positions=None):
+        """p = sum_s a(s)·s, (N, T), as constants to the gradient."""
+        if positions is None:
+            positions = torch.arange(probs.size(-1), device=probs.device)
+        return (probs.detach().float() * positions).sum(-1)
+
+    def _attend(self, probs, v, kv_bsz, bsz, need_weights, need_head_weights):
+        out = self.weighted_values(self.dropout_module(probs), v, kv_bsz)
+        weights = self.format_weights(probs, bsz, need_head_weights) if need_weights else None
+        return self.merge_heads(out, probs.size(1), bsz), weights
+
+    def _banded_step(self, q, k, v, key_padding_mask, kv_bsz, bsz, previous, gates, threshold):
+        """Score only each (hypothesis, head)'s band: a gathered window of K/V rows."""
+        src_len = k.size(1)
+        centre, gate = previous[:, 0].float(), gates[:, 0]
+        half = band_half_width(gate, self.sigma, threshold)
+        nearest = torch.round(centre)
+        low = torch.minimum(torch.floor(centre - half) + 1, nearest).clamp(min=0)
+        high = torch.maximum(torch.ceil(centre + half) - 1, nearest).clamp(max=src_len - 1)
+        width = int((high - low).max()) + 1  # the widest band of this step
+        positions = low.unsqueeze(1) + torch.arange(width, device=q.device)  # (rows, W)
+        band = in_band(positions, centre, half) & (positions <= src_len - 1)
+        positions = positions.clamp(max=src_len - 1).long()
+        rows_per_sentence = bsz // kv_bsz * self.num_heads
+        if key_padding_mask is not None:
+            padded = key_padding_mask.repeat_interleave(rows_per_sentence, dim=0)
+            band &= ~padded.gather(1, positions)
+        value_rows = self.value_rows(bsz, kv_bsz, q.device)
+        k_window = retrieve(k, value_rows, positions)  # (rows, W, head_dim)
+        v_window = retrieve(v, value_rows, positions)
+        scores = torch.bmm(q, k_window.transpose(1, 2))  # (rows, 1, W)
+        probs = self._penalised_softmax(scores, previous, gates, band.unsqueeze(1),
+                                        positions.unsqueeze(1))
+        out = torch.bmm(self.dropout_module(probs), v_window)
+        available = unpadded_lengths(key_padding_mask, kv_bsz, src_len, q.device)
+        self.cps.add(band.sum(-1), available.repeat_interleave(rows_per_sentence))
+        return out, self._centres(probs, positions.unsqueeze(1))
+
+    def reorder_incremental_state(self, incremental_state, new_order: Tensor):
+        super().reorder_incremental_state(incremental_state, new_order)
+        state = self.get_incremental_state(incremental_state, _CENTRE_STATE)
+        if state:
+            self.set_incremental_state(incremental_state, _CENTRE_STATE, {
+                "centre": state["centre"].index_select(0, new_order)
+            })
+        return incremental_state

@@ -1,0 +1,122 @@
+"""Luong et al. (2015) local-p attention, the baseline of flexible attention,
+as multi-head decoder cross-attention.
+
+Per query and head a centre is predicted, p_t = S·sigmoid(v_pᵀ tanh(W_p h_t))
+(S: the sentence's unpadded source length, positions counted from its first
+unpadded token); only the window [p_t - D, p_t + D] is attended, and the
+softmax weights inside it are multiplied by exp(-(s - p_t)² / (2σ²)), σ = D/2
+(outside the softmax, as in Luong et al.; they do not sum to 1).
+
+Training scores everything and masks the rest (the gradient reaches p_t
+through the Gaussian); decoding gathers the 2D+2 candidate K/V rows around
+p_t per hypothesis and head and scores only those.
+"""
+
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .cached_projection import CachedProjectionAttention, IncrementalState
+from .flexible_attention import CpsCounter, first_key_positions, unpadded_lengths
+from .hard_retrieval_attention import retrieve
+
+
+class LocalAttention(CachedProjectionAttention):
+    """Drop-in for fairseq's encoder-decoder ``MultiheadAttention``.
+
+    Extra args: ``window`` (D: the window is 2D+1 positions), ``centre_dim``
+    (hidden size of the centre predictor, default embed_dim).
+    """
+
+    new_parameter_prefixes = ("centre_",)
+
+    def __init__(self, embed_dim, num_heads, *args, window: int = 10,
+                 centre_dim: Optional[int] = None, **kwargs):
+        super().__init__(embed_dim, num_heads, *args, **kwargs)
+        if not self.encoder_decoder_attention:
+            raise ValueError("local attention replaces decoder cross-attention only")
+        if window < 1:
+            raise ValueError(f"local attention: window D must be >= 1, got {window}")
+        self.window = window
+        self.sigma = window / 2
+        centre_dim = centre_dim or embed_dim
+        self.centre_hidden = nn.Linear(embed_dim, centre_dim, bias=False)  # W_p
+        self.centre_out = nn.Linear(centre_dim, num_heads, bias=False)  # v_p, per head
+        nn.init.xavier_uniform_(self.centre_hidden.weight)
+        nn.init.xavier_uniform_(self.centre_out.weight)
+        self.cps = CpsCounter()
+
+    def centres(self, query: Tensor, starts: Tensor, lengths: Tensor, bsz: int) -> Tensor:
+        """Absolute predicted centres (bsz*heads, tgt_len)."""
+        relative = torch.sigmoid(self.centre_out(torch.tanh(self.centre_hidden(query))))
+        relative = relative.permute(1, 2, 0).reshape(bsz * self.num_heads, -1).float()
+        return starts.unsqueeze(1) + lengths.unsqueeze(1) * relative
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Optional[Tensor],
+        value: Optional[Tensor],
+        key_padding_mask: Optional[Tensor] = None,
+        incremental_state: IncrementalState = None,
+        need_weights: bool = True,
+        static_kv: bool = False,
+        attn_mask: Optional[Tensor] = None,
+        before_softmax: bool = False,
+        need_head_weights: bool = False,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        need_weights = need_weights or need_head_weights
+        tgt_len, bsz, _ = query.size()
+        q, k, v, key_padding_mask, kv_bsz = self.project(
+            query, key, value, key_padding_mask, incremental_state, static_kv
+        )
+        q = q * self.scaling
+        src_len = k.size(1)
+        rows_per_sentence = bsz // kv_bsz * self.num_heads
+        starts = first_key_positions(key_padding_mask, kv_bsz, q.device)
+        lengths = unpadded_lengths(key_padding_mask, kv_bsz, src_len, q.device)
+        centres = self.centres(query, starts.repeat_interleave(rows_per_sentence),
+                               lengths.repeat_interleave(rows_per_sentence), bsz)
+
+        if incremental_state is not None and not self.training:
+            out = self._window_step(q, k, v, key_padding_mask, kv_bsz, bsz, centres, lengths)
+            return self.merge_heads(out, tgt_len, bsz), None
+
+        scores = self.mask_scores(self.attention_scores(q, k, kv_bsz), attn_mask,
+                                  key_padding_mask, kv_bsz)
+        if before_softmax:
+            return scores, v
+        positions = torch.arange(src_len, device=q.device).float()
+        distance = positions - centres.unsqueeze(-1)  # (rows, T, S)
+        logits = scores.float().masked_fill(distance.abs() > self.window, float("-inf"))
+        logits = logits.masked_fill(logits.isneginf().all(-1, keepdim=True), 0.0)
+        probs = F.softmax(logits, dim=-1) * torch.exp(-distance.pow(2) / (2 * self.sigma ** 2))
+        probs = probs.masked_fill(scores.isneginf(), 0.0).type_as(scores)
+        out = self.weighted_values(self.dropout_module(probs), v, kv_bsz)
+        weights = self.format_weights(probs, bsz, need_head_weights) if need_weights else None
+        return self.merge_heads(out, tgt_len, bsz), weights
+
+    def _window_step(self, q, k, v, key_padding_mask, kv_bsz, bsz, centres, lengths):
+        """Score only the window around each (hypothesis, head)'s centre."""
+        src_len = k.size(1)
+        centre = centres[:, -1]
+        low = torch.floor(centre) - self.window  # |s - p| <= D lies in [floor(p)-D, floor(p)+D+1]
+        positions = low.unsqueeze(1) + torch.arange(2 * self.window + 2, device=q.device)
+        distance = positions - centre.unsqueeze(1)
+        inside = (distance.abs() <= self.window) & (positions >= 0) & (positions <= src_len - 1)
+        positions = positions.clamp(0, src_len - 1).long()
+        rows_per_sentence = bsz // kv_bsz * self.num_heads
+        if key_padding_mask is not None:
+            padded = key_padding_mask.repeat_interleave(rows_per_sentence, dim=0)
+            inside &= ~padded.gather(1, positions)
+        value_rows = self.value_rows(bsz, kv_bsz, q.device)
+        k_window = retrieve(k, value_rows, positions)
+        v_window = retrieve(v, value_rows, positions)
+        scores = torch.bmm(q, k_window.transpose(1, 2)).squeeze(1)  # (rows, 2D+2)
+        logits = scores.float().masked_fill(~inside, float("-inf"))
+        probs = F.softmax(logits, dim=-1) * torch.exp(-distance.pow(2) / (2 * self.sigma ** 2))
+        out = torch.bmm(self.dropout_module(probs.type_as(q)).unsqueeze(1), v_window)
+        self.cps.add(inside.sum(-1), lengths.repeat_interleave(rows_per_sentence))
+        return out

@@ -1,0 +1,204 @@
+"""Flexible attention, local attention and the gate fine-tuning criterion."""
+
+import argparse
+import math
+
+import pytest
+import torch
+from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
+
+from fairseq_hardattn import ConfigError
+from fairseq_hardattn.criterions.label_smoothed_cross_entropy_with_gate import (
+    LabelSmoothedCrossEntropyWithGateCriterion,
+)
+from fairseq_hardattn.modules import FlexibleAttention, LocalAttention
+
+from conftest import TinyTask, build_model, make_dictionary, random_batch
+
+EMBED, HEADS = 16, 2
+
+
+def one_step(attn, query, key, pad=None, state=None):
+    state = {} if state is None else state
+    out, _ = attn(query, key, key, key_padding_mask=pad, static_kv=True, incremental_state=state)
+    return out, state
+
+
+def test_band_is_exactly_the_positions_whose_penalty_is_below_tau():
+    torch.manual_seed(0)
+    tau, sigma, src_len, bsz = 0.8, 1.5, 30, 3
+    attn = FlexibleAttention(EMBED, HEADS, encoder_decoder_attention=True, sigma=sigma,
+                             threshold=tau).double().eval()
+    attn.cps.enabled = True
+    key = torch.randn(src_len, bsz, EMBED, dtype=torch.float64)
+    pad = torch.zeros(bsz, src_len, dtype=torch.bool)
+    pad[1, :4] = True
+    query = torch.randn(1, bsz, EMBED, dtype=torch.float64)
+    state = {}
+    one_step(attn, query, key, pad, state)  # moves the centres away from the start
+    centres = attn.get_incremental_state(state, "flexible_centre")["centre"].reshape(-1)
+    attn.cps.reset()
+    query2 = torch.randn(1, bsz, EMBED, dtype=torch.float64)
+    out, _ = one_step(attn, query2, key, pad, state)
+
+    gates = attn.gates(query2).permute(1, 2, 0).reshape(-1)  # per (sentence, head)
+    positions = torch.arange(src_len, dtype=torch.float64)
+    penalty = gates[:, None] * (positions - centres[:, None]) ** 2 / (2 * sigma ** 2)
+    expected = (penalty < tau) | (positions == torch.round(centres)[:, None])
+    expected &= ~pad.repeat_interleave(HEADS, dim=0)
+    assert float(attn.cps.scored) == expected.sum().item()
+    assert float(attn.cps.scored) < src_len * bsz * HEADS / 2  # really skipped
+
+    # the output is attention over exactly those positions
+    q = attn.q_proj(query2).view(1, bsz * HEADS, -1).transpose(0, 1) * attn.scaling
+    k = attn.k_proj(key).view(src_len, bsz * HEADS, -1).transpose(0, 1)
+    v = attn.v_proj(key).view(src_len, bsz * HEADS, -1).transpose(0, 1)
+    logits = torch.bmm(q, k.transpose(1, 2)).squeeze(1) - penalty
+    probs = torch.softmax(logits.masked_fill(~expected, float("-inf")), -1)
+    manual = torch.bmm(probs.unsqueeze(1), v).transpose(0, 1).reshape(1, bsz, EMBED)
+    torch.testing.assert_close(out, attn.out_proj(manual))
+
+
+def test_infinite_threshold_scores_everything_and_matches_full_forward():
+    torch.manual_seed(0)
+    attn = FlexibleAttention(EMBED, HEADS, encoder_decoder_attention=True,
+                             threshold=math.inf).double().eval()
+    attn.cps.enabled = True
+    key = torch.randn(9, 2, EMBED, dtype=torch.float64)
+    queries = torch.randn(4, 2, EMBED, dtype=torch.float64)
+    full, _ = attn(queries, key, key, static_kv=True)
+    state = {}
+    steps = [one_step(attn, queries[t:t + 1], key, state=state)[0] for t in range(4)]
+    torch.testing.assert_close(torch.cat(steps), full)
+    summary = attn.cps.summary()
+    assert summary["cps"] == summary["global_cps"] == 9
+
+
+def test_centre_state_is_reordered_for_beam_search():
+    torch.manual_seed(0)
+    attn = FlexibleAttention(EMBED, HEADS, encoder_decoder_attention=True, threshold=1.0).eval()
+    key = torch.randn(12, 3, EMBED)
+    _, state = one_step(attn, torch.randn(1, 3, EMBED), key)
+    before = attn.get_incremental_state(state, "flexible_centre")["centre"].clone()
+    assert before.shape == (3, HEADS)
+    attn.reorder_incremental_state(state, torch.tensor([2, 2, 0]))
+    after = attn.get_incremental_state(state, "flexible_centre")["centre"]
+    assert torch.equal(after, before[[2, 2, 0]])
+
+
+def test_exact_recurrence_in_training_matches_decoding():
+    torch.manual_seed(0)
+    attn = FlexibleAttention(EMBED, HEADS, encoder_decoder_attention=True,
+                             train_passes=0).double()
+    key = torch.randn(7, 2, EMBED, dtype=torch.float64)
+    queries = torch.randn(5, 2, EMBED, dtype=torch.float64)
+    trained, _ = attn.train()(queries, key, key, static_kv=True)
+    attn.eval()
+    state = {}
+    steps = [one_step(attn, queries[t:t + 1], key, state=state)[0] for t in range(5)]
+    torch.testing.assert_close(torch.cat(steps), trained)
+
+
+def test_local_window_is_2d_plus_1_around_the_predicted_centre():
+    torch.manual_seed(0)
+    attn = LocalAttention(EMBED, HEADS, encoder_decoder_attention=True, window=2).double().eval()
+    attn.cps.enabled = True
+    key = torch.randn(20, 3, EMBED, dtype=torch.float64)
+    pad = torch.zeros(3, 20, dtype=torch.bool)
+    pad[2, :15] = True  # a 5-token sentence
+    query = torch.randn(1, 3, EMBED, dtype=torch.float64)
+    full, _ = attn(query, key, key, key_padding_mask=pad, static_kv=True)
+    out, _ = one_step(attn, query, key, pad)
+    torch.testing.assert_close(out, full)
+    assert float(attn.cps.scored) <= 3 * HEADS * 5  # 2D+1 = 5 positions at most
+    summary = attn.cps.summary()
+    assert summary["global_cps"] == pytest.approx((20 + 20 + 5) / 3)
+
+
+@pytest.mark.parametrize("threshold, message", [
+    ("0", "--flexible-threshold must be > 0"),
+    ("-1.5", "--flexible-threshold must be > 0"),
+    ("often", "must be a number, 'auto' or 'inf'"),
+])
+def test_invalid_thresholds_are_config_errors(threshold, message):
+    with pytest.raises(ConfigError, match=message):
+        build_model("transformer_flexible", flexible_threshold=threshold)
+
+
+def test_auto_threshold_needs_a_mean_source_length():
+    with pytest.raises(ConfigError, match="--flexible-threshold auto needs the mean source length"):
+        build_model("transformer_flexible", flexible_mean_source_length=None)
+
+
+def test_auto_threshold_is_the_papers_rule():
+    model = build_model("transformer_flexible", flexible_mean_source_length=24.4)
+    # the paper's Table 1: tau = -log(1/24.4) = 1.38, a base-10 logarithm
+    assert model.decoder.layers[0].encoder_attn.threshold == pytest.approx(1.387, abs=1e-3)
+
+
+def test_soft_checkpoint_loads_into_flexible_with_fresh_gates():
+    torch.manual_seed(0)
+    d = make_dictionary()
+    soft = build_model("hard_retrieval_transformer", d)
+    flexible = build_model("transformer_flexible", d)
+    fresh = {k: v.clone() for k, v in flexible.state_dict().items() if "gate_" in k}
+    state = soft.state_dict()
+    flexible.upgrade_state_dict(state)
+    flexible.load_state_dict(state, strict=True)
+    for name, value in flexible.state_dict().items():
+        if "gate_" in name:
+            assert torch.equal(value, fresh[name])
+        else:
+            assert torch.equal(value, soft.state_dict()[name])
+
+
+def test_mean_gate_by_hand():
+    model = build_model("transformer_flexible")
+    layers = [layer.encoder_attn for layer in model.decoder.layers]
+    # (tgt_len=2, bsz=2, heads=4): layer 0 all 0.2, layer 1 all 0.6 except one position
+    layers[0].last_gates = torch.full((2, 2, 4), 0.2)
+    layers[1].last_gates = torch.full((2, 2, 4), 0.6)
+    layers[1].last_gates[1, 1] = 1.0  # position 1 of sentence 1: padding
+    mask = torch.tensor([[True, True], [True, False]])
+    # the three real positions average (0.2 + 0.6) / 2 = 0.4
+    assert model.mean_gate(mask).item() == pytest.approx(0.4)
+
+
+def test_criterion_loss_is_label_smoothed_ce_minus_beta_mean_gate():
+    torch.manual_seed(0)
+    d = make_dictionary()
+    model = build_model("transformer_flexible", d).float().train()
+    src, src_lengths, prev = random_batch(d, [5, 3], tgt_len=4)
+    target = torch.cat([prev[:, 1:], torch.full((2, 1), d.eos())], dim=1)
+    target[1, -1] = d.pad()
+    sample = {"net_input": {"src_tokens": src, "src_lengths": src_lengths,
+                            "prev_output_tokens": prev},
+              "target": target, "ntokens": int(target.ne(d.pad()).sum())}
+    task = TinyTask(d)
+    criterion = LabelSmoothedCrossEntropyWithGateCriterion(
+        task, sentence_avg=False, label_smoothing=0.1, gate_beta=0.25)
+    torch.manual_seed(1)
+    loss, sample_size, logging = criterion(model, sample)
+
+    torch.manual_seed(1)  # the same forward again, by hand
+    logits, _ = model(**sample["net_input"])
+    lprobs = torch.log_softmax(logits.float(), -1)
+    ce, _ = label_smoothed_nll_loss(lprobs.view(-1, lprobs.size(-1)), target.view(-1),
+                                    0.1, ignore_index=d.pad())
+    gates = torch.stack([layer.encoder_attn.last_gates for layer in model.decoder.layers])
+    real = target.ne(d.pad()).t()  # (tgt_len, bsz)
+    mean_gate = gates.mean(dim=(0, 3))[real].mean()
+    assert sample_size == sample["ntokens"] == 7
+    torch.testing.assert_close(loss, ce - 0.25 * mean_gate * 7)
+    assert logging["gate"] == pytest.approx(float(mean_gate.detach()) * 7)
+
+
+def test_criterion_refuses_models_without_flexible_attention():
+    d = make_dictionary()
+    model = build_model("transformer_hard_dec", d).float()
+    src, src_lengths, prev = random_batch(d, [5, 3], tgt_len=4)
+    sample = {"net_input": {"src_tokens": src, "src_lengths": src_lengths,
+                            "prev_output_tokens": prev}, "target": prev, "ntokens": 8}
+    criterion = LabelSmoothedCrossEntropyWithGateCriterion(TinyTask(d), False, 0.1)
+    with pytest.raises(ConfigError, match="needs a model with flexible attention"):
+        criterion(model, sample)
