@@ -31,9 +31,25 @@ TINY_DIMS = dict(
     decoder_layers=2,
     decoder_attention_heads=4,
 )
-TINY_DIM_FLAGS = [
-    f"--{name.replace('_', '-')}={value}" for name, value in TINY_DIMS.items()
-]
+# fairseq's LSTM has other size options
+TINY_LSTM_DIMS = dict(
+    encoder_embed_dim=32,
+    encoder_hidden_size=32,
+    decoder_embed_dim=32,
+    decoder_hidden_size=32,
+    decoder_out_embed_dim=32,
+)
+
+
+def tiny_dims(arch):
+    return TINY_LSTM_DIMS if "lstm" in arch else TINY_DIMS
+
+
+def tiny_dim_flags(arch):
+    return [f"--{name.replace('_', '-')}={value}" for name, value in tiny_dims(arch).items()]
+
+
+TINY_DIM_FLAGS = tiny_dim_flags("transformer")
 
 
 def make_dictionary(size=20):
@@ -56,7 +72,8 @@ def build_model(arch, dictionary=None, **overrides):
     dictionary = dictionary or make_dictionary()
     # flexible attention's default threshold (auto) needs the mean source
     # length that training measures on the validation set; other families ignore it
-    values = dict(TINY_DIMS, dropout=0.0, attention_dropout=0.0, flexible_mean_source_length=5.0)
+    values = dict(tiny_dims(arch), dropout=0.0, attention_dropout=0.0,
+                  flexible_mean_source_length=5.0, criterion="cross_entropy")
     values.update(overrides)
     args = argparse.Namespace(arch=arch, **values)
     ARCH_CONFIG_REGISTRY[arch](args)

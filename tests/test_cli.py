@@ -8,7 +8,7 @@ from fairseq import checkpoint_utils, tasks
 import fairseq_hardattn
 from fairseq_hardattn.modules import HardRetrievalAttention
 
-from conftest import TINY_DIM_FLAGS, TRAIN_FLAGS, USER_DIR, run_cli
+from conftest import TINY_DIM_FLAGS, TRAIN_FLAGS, USER_DIR, run_cli, tiny_dim_flags
 
 ARCHS = fairseq_hardattn.registered_architectures()
 TEST_SENTENCES = 20
@@ -16,7 +16,7 @@ TEST_SENTENCES = 20
 
 def train(data, save_dir, arch, *extra, updates=3):
     return run_cli(
-        "fairseq-train", data, "--arch", arch, *TRAIN_FLAGS, *TINY_DIM_FLAGS,
+        "fairseq-train", data, "--arch", arch, *TRAIN_FLAGS, *tiny_dim_flags(arch),
         "--max-update", updates, "--save-dir", save_dir, "--no-epoch-checkpoints",
         *extra,
     )
@@ -147,3 +147,30 @@ def test_layerwise_with_unequal_depths_is_one_clear_line(reorder_data, tmp_path)
     assert "Traceback" not in proc.stderr
     assert ("error: --cross-self-source layerwise pairs encoder layer i with decoder "
             "layer i: --encoder-layers (3) must equal --decoder-layers (2)") in proc.stderr
+
+
+def test_finetune_soft_checkpoint_into_flexible_with_gate_loss(trained_checkpoints, reorder_data,
+                                                               tmp_path):
+    """Fine-tuning a soft baseline: the gate starts fresh, the criterion logs it,
+    generation reports the score computations it skipped."""
+    proc = train(reorder_data, tmp_path, "transformer_flexible",
+                 "--finetune-from-model", trained_checkpoints["soft"],
+                 "--criterion", "label_smoothed_cross_entropy_with_gate", "--gate-beta", 0.1,
+                 updates=2)
+    log = proc.stdout + proc.stderr
+    assert re.search(r"\bgate[ =]0\.\d+", log), "the criterion logs mean(g)"
+    assert "validation mean source length" in log  # for --flexible-threshold auto
+    out = generate(reorder_data, tmp_path / "checkpoint_last.pt",
+                   "--model-overrides", "{'print_cps': True, 'flexible_threshold': 0.5}")
+    assert len(hypotheses(out.stdout)) == TEST_SENTENCES
+    found = re.search(r"CPS ([\d.]+) \(global attention ([\d.]+)\)", out.stderr)
+    assert found and float(found.group(1)) < float(found.group(2))
+
+
+def test_flexible_threshold_must_be_positive(reorder_data, tmp_path):
+    proc = run_cli(
+        "fairseq-train", reorder_data, "--arch", "transformer_flexible", *TRAIN_FLAGS,
+        *TINY_DIM_FLAGS, "--flexible-threshold", "0", "--save-dir", tmp_path, check=False,
+    )
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "error: --flexible-threshold must be > 0, got 0.0" in proc.stderr

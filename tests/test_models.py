@@ -73,7 +73,7 @@ def test_incremental_decoding_equals_full_forward(arch):
     # flexible attention: equal only without test-time skipping (training
     # estimates the previous centre, decoding knows it)
     model = build_model(arch, d, flexible_threshold="inf").eval()
-    src, src_lengths, prev = random_batch(d, [5, 3, 7], tgt_len=6)
+    src, src_lengths, prev = random_batch(d, [7, 5, 3], tgt_len=6)
     with torch.no_grad():
         full, _ = model(src, src_lengths, prev)
         encoder_out = model.encoder(src, src_lengths=src_lengths)
@@ -98,7 +98,7 @@ def test_beam_search_on_a_batch_equals_each_sentence_alone(arch):
     d = make_dictionary()
     model = build_model(arch, d).eval()
     generator = SequenceGenerator([model], d, beam_size=4, max_len_b=8)
-    lengths = [6, 3, 8, 5]
+    lengths = [8, 6, 5, 3]  # sorted: fairseq batches (and its LSTM) need it
     src, src_lengths, _ = random_batch(d, lengths, seed=1)
     batched = _hypotheses(generator, src, src_lengths)
     for i, n in enumerate(lengths):
@@ -111,7 +111,7 @@ def test_every_parameter_gets_a_gradient(arch):
     torch.manual_seed(0)
     d = make_dictionary()
     model = build_model(arch, d, dropout=0.1, attention_dropout=0.1).train()
-    src, src_lengths, prev = random_batch(d, [5, 3, 7], tgt_len=6)
+    src, src_lengths, prev = random_batch(d, [7, 5, 3], tgt_len=6)
     logits, _ = model(src, src_lengths, prev)
     torch.nn.functional.cross_entropy(
         logits.reshape(-1, logits.size(-1)), torch.randint(4, len(d), (logits.numel() // logits.size(-1),))

@@ -20,11 +20,11 @@ import logging
 import math
 import sys
 
-import torch
 from fairseq.models import register_model, register_model_architecture
 
 from ..errors import ConfigError
 from ..modules import FlexibleAttention, LocalAttention
+from ..modules.flexible_attention import masked_mean_gate
 from .hard_retrieval_transformer import (
     ATTENTION_KINDS,
     AttentionKindDecoder,
@@ -92,29 +92,27 @@ class WindowedAttentionDecoder(AttentionKindDecoder):
     layer_class = WindowedAttentionDecoderLayer
 
 
-def mean_source_length(task):
-    """Mean source length (tokens, EOS included) of a loaded split, or None."""
-    datasets = getattr(task, "datasets", {}) or {}
-    for split in ("valid", "test", *datasets):
-        sizes = getattr(datasets.get(split), "src_sizes", None)
-        if sizes is not None and len(sizes):
-            return float(sizes.mean())
-    return None
+def mean_source_length(task, split="valid"):
+    """Mean source length (tokens, EOS included) of the task's validation set,
+    loading it if needed (fairseq builds the model first); None without one."""
+    datasets = getattr(task, "datasets", None)
+    if datasets is None:
+        return None
+    if split not in datasets:
+        try:
+            task.load_dataset(split)
+        except Exception:  # no such split (e.g. fairseq-interactive): unknown
+            return None
+    sizes = getattr(datasets.get(split), "src_sizes", None)
+    return float(sizes.mean()) if sizes is not None and len(sizes) else None
 
 
-@register_model(MODEL_NAME)
-class FlexibleTransformerModel(HardRetrievalTransformerModel):
-    decoder_class = WindowedAttentionDecoder
-    kind_choices = dict(HardRetrievalTransformerModel.kind_choices,
-                        dec_cross_attn_kind=WINDOWED_KINDS)
+class FlexibleAttentionOptions:
+    """Options, build steps, gate and CPS reporting of the families with
+    flexible attention (this Transformer family and ``lstm_flexible``)."""
 
-    @classmethod
-    def add_args(cls, parser):
-        super().add_args(parser)
-        # this family's cross-attention kinds
-        for action in parser._actions:
-            if action.dest == "dec_cross_attn_kind":
-                action.choices = sorted(set(ATTENTION_KINDS) | set(WINDOWED_KINDS))
+    @staticmethod
+    def add_flexible_args(parser):
         parser.add_argument("--flexible-sigma", type=float, metavar="S",
                             help="σ of the position penalty g(s-p)²/(2σ²)")
         parser.add_argument("--flexible-threshold", metavar="TAU",
@@ -123,52 +121,44 @@ class FlexibleTransformerModel(HardRetrievalTransformerModel):
         parser.add_argument("--flexible-mean-source-length", type=float, metavar="N",
                             help="S̄ for --flexible-threshold auto (default: measured on "
                                  "the validation set when training)")
-        parser.add_argument("--flexible-train-passes", type=int, metavar="N",
-                            help="penalised passes estimating p_{t-1} in training "
-                                 "(0: the exact step-by-step recurrence)")
-        parser.add_argument("--local-window", type=int, metavar="D",
-                            help="local attention window: 2D+1 positions")
         parser.add_argument("--print-cps", action="store_true",
                             help="count score computations per decoding step and print "
                                  "them at exit")
 
-    @classmethod
-    def validate_args(cls, args):
-        super().validate_args(args)
+    @staticmethod
+    def validate_flexible_args(args, uses_threshold=True):
         if not args.flexible_sigma > 0:
             raise ConfigError(f"--flexible-sigma must be > 0, got {args.flexible_sigma}")
-        if args.flexible_train_passes < 0:
-            raise ConfigError(f"--flexible-train-passes must be >= 0, got {args.flexible_train_passes}")
-        if args.local_window < 1:
-            raise ConfigError(f"--local-window must be >= 1, got {args.local_window}")
-        if args.dec_cross_attn_kind == "flexible":
+        if uses_threshold:
             resolve_threshold(args)
 
-    @classmethod
-    def build_model(cls, args, task):
-        windowed_base(args)
+    @staticmethod
+    def measure_mean_source_length(args, task):
+        """Record S̄ in the model's options, so that checkpoints carry it."""
         if not getattr(args, "flexible_mean_source_length", None):
             args.flexible_mean_source_length = mean_source_length(task)
-        model = super().build_model(args, task)
+            if args.flexible_mean_source_length:
+                logger.info("flexible attention: validation mean source length %.2f "
+                            "(--flexible-threshold auto: tau = %.3f)",
+                            args.flexible_mean_source_length,
+                            math.log10(args.flexible_mean_source_length))
+
+    def finish_build(self, args):
         if getattr(args, "print_cps", False):
-            model.enable_cps_counting()
-            atexit.register(model.print_cps_summary)
-        return model
+            self.enable_cps_counting()
+            atexit.register(self.print_cps_summary)
 
     def windowed_modules(self):
-        return [m for m in self.decoder.modules() if isinstance(m, (FlexibleAttention, LocalAttention))]
+        return [m for m in self.decoder.modules() if hasattr(m, "cps")]
 
     def mean_gate(self, target_mask):
         """Mean penalty strength g_t of the last forward, over layers, heads and
         unpadded target positions (target_mask: bsz x tgt_len, True = real)."""
         gates = [m.last_gates for m in self.windowed_modules()
-                 if isinstance(m, FlexibleAttention) and m.last_gates is not None]
+                 if getattr(m, "last_gates", None) is not None]
         if not gates:
-            raise ConfigError("the gate loss needs flexible attention "
-                              "(--dec-cross-attn-kind flexible)")
-        per_position = torch.stack(gates).float().mean(dim=(0, 3))  # (tgt_len, bsz)
-        mask = target_mask.t().to(per_position.dtype)
-        return (per_position * mask).sum() / mask.sum().clamp(min=1)
+            raise ConfigError("the gate loss needs flexible attention")
+        return masked_mean_gate(gates, target_mask)
 
     def enable_cps_counting(self, enabled=True):
         for module in self.windowed_modules():
@@ -177,8 +167,7 @@ class FlexibleTransformerModel(HardRetrievalTransformerModel):
 
     def cps_summary(self):
         """Score computations per decoding step, over all windowed layers."""
-        summaries = [m.cps.summary() for m in self.windowed_modules()]
-        summaries = [s for s in summaries if s]
+        summaries = [s for s in (m.cps.summary() for m in self.windowed_modules()) if s]
         if not summaries:
             return None
         queries = sum(s["queries"] for s in summaries)
@@ -193,6 +182,44 @@ class FlexibleTransformerModel(HardRetrievalTransformerModel):
             print(f"fairseq-hardattn | CPS {summary['cps']:.2f} (global attention "
                   f"{summary['global_cps']:.2f}): {100 * summary['reduction']:.1f}% fewer "
                   "score computations", file=sys.stderr, flush=True)
+
+
+@register_model(MODEL_NAME)
+class FlexibleTransformerModel(FlexibleAttentionOptions, HardRetrievalTransformerModel):
+    decoder_class = WindowedAttentionDecoder
+    kind_choices = dict(HardRetrievalTransformerModel.kind_choices,
+                        dec_cross_attn_kind=WINDOWED_KINDS)
+
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        # this family's cross-attention kinds
+        for action in parser._actions:
+            if action.dest == "dec_cross_attn_kind":
+                action.choices = sorted(set(ATTENTION_KINDS) | set(WINDOWED_KINDS))
+        cls.add_flexible_args(parser)
+        parser.add_argument("--flexible-train-passes", type=int, metavar="N",
+                            help="penalised passes estimating p_{t-1} in training "
+                                 "(0: the exact step-by-step recurrence)")
+        parser.add_argument("--local-window", type=int, metavar="D",
+                            help="local attention window: 2D+1 positions")
+
+    @classmethod
+    def validate_args(cls, args):
+        super().validate_args(args)
+        cls.validate_flexible_args(args, uses_threshold=args.dec_cross_attn_kind == "flexible")
+        if args.flexible_train_passes < 0:
+            raise ConfigError(f"--flexible-train-passes must be >= 0, got {args.flexible_train_passes}")
+        if args.local_window < 1:
+            raise ConfigError(f"--local-window must be >= 1, got {args.local_window}")
+
+    @classmethod
+    def build_model(cls, args, task):
+        windowed_base(args)
+        cls.measure_mean_source_length(args, task)
+        model = super().build_model(args, task)
+        model.finish_build(args)
+        return model
 
 
 # --- architectures ------------------------------------------------------------

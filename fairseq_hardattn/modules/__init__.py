@@ -11,7 +11,7 @@ from fairseq.modules import MultiheadAttention
 from .average_attention import AverageAttention
 from .cached_projection import CachedProjectionAttention
 from .cross_self_attention import CrossSelfAttention, HardCrossSelfAttention
-from .flexible_attention import FlexibleAttention
+from .flexible_attention import FlexibleAttention, FlexibleLSTMAttention
 from .hard_retrieval_attention import (
     HardRetrievalAttention,
     StraightThroughRetrieval,
@@ -48,6 +48,7 @@ __all__ = [
     "CachedProjectionAttention",
     "CrossSelfAttention",
     "FlexibleAttention",
+    "FlexibleLSTMAttention",
     "HardCrossSelfAttention",
     "HardRetrievalAttention",
     "LocalAttention",

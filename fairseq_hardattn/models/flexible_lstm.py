@@ -1,0 +1,91 @@
+"""``lstm_flexible``: fairseq's LSTM encoder-decoder with flexible attention,
+the setting of Shu & Nakayama (2017), whose model is an RNN.
+
+fairseq's LSTM decoder runs its attention step by step, in training too, so
+the tracked centre p_{t-1} is always the real previous step's (no estimate).
+Options: those of flexible attention (``--flexible-sigma``,
+``--flexible-threshold``, ``--flexible-mean-source-length``, ``--print-cps``),
+and fairseq's LSTM options (``--decoder-attention`` must stay on).
+"""
+
+import functools
+from unittest import mock
+
+from fairseq.models import lstm, register_model, register_model_architecture
+from fairseq.models.lstm import LSTMDecoder, LSTMModel
+
+from ..errors import ConfigError
+from ..modules import FlexibleLSTMAttention
+from .flexible_transformer import FlexibleAttentionOptions, resolve_threshold
+from .hard_retrieval_transformer import set_defaults
+
+MODEL_NAME = "flexible_lstm"
+_CENTRE_STATE = "flexible_centre"
+
+
+class FlexibleLSTMDecoder(LSTMDecoder):
+    def __init__(self, *args, flexible_options=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.attention is None:
+            raise ConfigError("lstm_flexible needs attention: drop --decoder-attention False")
+        self.attention = FlexibleLSTMAttention(
+            self.hidden_size, self.encoder_output_units, self.hidden_size, bias=False,
+            **(flexible_options or {}),
+        )
+
+    def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None):
+        state = None
+        if incremental_state is not None:
+            state = self.get_incremental_state(incremental_state, _CENTRE_STATE)
+        self.attention.start(state["centre"] if state else None)
+        try:
+            return super().extract_features(prev_output_tokens, encoder_out, incremental_state)
+        finally:
+            self.attention.finish()
+            if incremental_state is not None and self.attention.centre is not None:
+                self.set_incremental_state(incremental_state, _CENTRE_STATE,
+                                           {"centre": self.attention.centre})
+
+    def reorder_incremental_state(self, incremental_state, new_order):
+        super().reorder_incremental_state(incremental_state, new_order)
+        state = self.get_incremental_state(incremental_state, _CENTRE_STATE)
+        if state:
+            self.set_incremental_state(incremental_state, _CENTRE_STATE,
+                                       {"centre": state["centre"].index_select(0, new_order)})
+
+
+@register_model(MODEL_NAME)
+class FlexibleLSTMModel(FlexibleAttentionOptions, LSTMModel):
+    @staticmethod
+    def add_args(parser):
+        LSTMModel.add_args(parser)
+        FlexibleAttentionOptions.add_flexible_args(parser)
+
+    @classmethod
+    def build_model(cls, args, task):
+        flexible_lstm_defaults(args)
+        cls.measure_mean_source_length(args, task)
+        cls.validate_flexible_args(args)
+        decoder = functools.partial(FlexibleLSTMDecoder, flexible_options=dict(
+            sigma=args.flexible_sigma, threshold=resolve_threshold(args)))
+        # LSTMModel.build_model constructs LSTMDecoder by name, with no hook
+        with mock.patch.object(lstm, "LSTMDecoder", decoder):
+            model = super().build_model(args, task)
+        model.finish_build(args)
+        return model
+
+
+def flexible_lstm_defaults(args):
+    set_defaults(args, flexible_sigma=3.0, flexible_threshold="auto", print_cps=False)
+
+
+@register_model_architecture(MODEL_NAME, MODEL_NAME)
+def flexible_lstm_base_architecture(args):
+    flexible_lstm_defaults(args)
+    lstm.base_architecture(args)
+
+
+@register_model_architecture(MODEL_NAME, "lstm_flexible")
+def lstm_flexible(args):
+    """fairseq's LSTM (512 units, one layer each side) with flexible attention."""
+    flexible_lstm_base_architecture(args)
