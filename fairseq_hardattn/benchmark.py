@@ -225,6 +225,22 @@ def benchmark_decoding(models, dictionary, batches, beam, reps, warmup,
     return {name: Timing(seconds[name], sentences, tokens[name]) for name in models}
 
 
+def profile_sublayers(models, dictionary, batches, beam, fixed_output_len=None):
+    """One extra decoding pass per model with hooks on its attention sublayers
+    (kept out of the timed repetitions): name -> {sublayer: share of the pass}."""
+    from .profiling import timed_sublayers
+
+    shares = {}
+    for name, model in models.items():
+        generator = make_generator(model, dictionary, beam, fixed_output_len)
+        with timed_sublayers(model) as timer:
+            start = time.perf_counter()
+            decode(generator, batches)
+            total = time.perf_counter() - start
+        shares[name] = {kind: seconds / total for kind, seconds in sorted(timer.seconds.items())}
+    return shares
+
+
 def benchmark_training(models, batches, reps, warmup, progress=None):
     runs = {}
     for name, model in models.items():
@@ -234,8 +250,15 @@ def benchmark_training(models, batches, reps, warmup, progress=None):
     return {name: Timing(seconds[name], 0, tokens[name]) for name in models}
 
 
-def report(decode_timings, train_timings, baseline, param_counts, settings):
+def report(decode_timings, train_timings, baseline, param_counts, settings, shares=None):
     rows = []
+    limit = None
+    if shares and decode_timings:
+        # the baseline's speed if its decoder attention cost nothing
+        base = decode_timings[baseline]
+        base_rate = base.rate(base.sentences, statistics.median)
+        decoder_share = sum(v for k, v in shares[baseline].items() if k.startswith("decoder"))
+        limit = base_rate / max(1e-9, 1 - decoder_share)
     base_decode = statistics.median(decode_timings[baseline].seconds) if decode_timings else None
     base_train = statistics.median(train_timings[baseline].seconds) if train_timings else None
     for name in param_counts:
@@ -246,12 +269,19 @@ def report(decode_timings, train_timings, baseline, param_counts, settings):
             row.update(t.summary(t.tokens, "tokens_per_s"))
             row["generated_tokens"] = t.tokens
             row["decode_speedup"] = round(base_decode / statistics.median(t.seconds), 3)
+            if limit:
+                row["attention_share"] = {k: round(v, 4) for k, v in shares[name].items()}
+                row["pct_of_attention_free_limit"] = round(
+                    100 * t.rate(t.sentences, statistics.median) / limit, 1)
         if train_timings:
             t = train_timings[name]
             row.update(t.summary(t.tokens, "train_target_tokens_per_s"))
             row["train_speed_ratio"] = round(base_train / statistics.median(t.seconds), 3)
         rows.append(row)
-    return {"settings": settings, "baseline": baseline, "results": rows}
+    result = {"settings": settings, "baseline": baseline, "results": rows}
+    if limit:
+        result["attention_free_limit_sentences_per_s"] = round(limit, 2)
+    return result
 
 
 def markdown_table(result):
@@ -261,6 +291,9 @@ def markdown_table(result):
     header = ["model", "params"]
     if has_decode:
         header += ["sent/s (median [min, max])", "tok/s (median)", "decode speed vs " + result["baseline"]]
+    has_share = "attention_share" in rows[0]
+    if has_share:
+        header += ["attention share of decoding", "% of attention-free limit"]
     if has_train:
         header += ["train tgt tok/s (median)", "train speed vs " + result["baseline"]]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -272,6 +305,10 @@ def markdown_table(result):
                 f"{r['tokens_per_s_median']:.0f}",
                 f"{r['decode_speedup']:.2f}x",
             ]
+        if has_share:
+            cells += [", ".join(f"{k.replace('-attention', '')} {100 * v:.0f}%"
+                                for k, v in r["attention_share"].items()),
+                      f"{r['pct_of_attention_free_limit']:.0f}%"]
         if has_train:
             cells += [f"{r['train_target_tokens_per_s_median']:.0f}", f"{r['train_speed_ratio']:.2f}x"]
         lines.append("| " + " | ".join(cells) + " |")
@@ -305,6 +342,10 @@ def build_parser():
     p.add_argument("--train-batches", type=int, default=0,
                    help="also time forward+backward on this many training batches")
     p.add_argument("--train-max-tokens", type=int, default=4096)
+    p.add_argument("--sublayer-times", action="store_true",
+                   help="also profile the share of decoding time spent in each attention "
+                        "sublayer (one extra, untimed pass per model), and the baseline's "
+                        "attention-free limit")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--markdown", help="write the table here")
     return p
@@ -381,9 +422,13 @@ def main(argv=None):
     log("decoding")
     decode_timings = benchmark_decoding(models, dictionary, batches, args.beam, args.reps,
                                         args.warmup, args.fixed_output_len, log)
+    shares = None
+    if args.sublayer_times:
+        log("attention sublayer shares (one profiled pass per model)")
+        shares = profile_sublayers(models, dictionary, batches, args.beam, args.fixed_output_len)
     settings = {k: v for k, v in vars(args).items() if k not in ("json", "markdown")}
     settings["torch"] = torch.__version__
-    result = report(decode_timings, train_timings, baseline, params, settings)
+    result = report(decode_timings, train_timings, baseline, params, settings, shares)
     table = markdown_table(result)
     print(table)
     if args.json:
