@@ -177,6 +177,16 @@ def decode(generator, batches):
     return tokens
 
 
+@torch.no_grad()
+def translate(generator, batches, dictionary, bpe_symbol="subword_nmt"):
+    """Best hypothesis of every sentence, BPE removed, in data-set order."""
+    by_id = {}
+    for sample in batches:
+        for sentence_id, hyps in zip(sample["id"].tolist(), generator.generate(None, sample)):
+            by_id[sentence_id] = dictionary.string(hyps[0]["tokens"].int(), bpe_symbol)
+    return [by_id[i] for i in sorted(by_id)]
+
+
 def train_pass(model, batches):
     """Forward + backward of a training step (no optimizer: identical for all)."""
     tokens = 0

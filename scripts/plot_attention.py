@@ -22,12 +22,12 @@ import torch
 
 warnings.filterwarnings("ignore")
 logging.getLogger("fairseq").setLevel(logging.WARNING)
-logging.getLogger("matplotlib").setLevel(logging.WARNING)
 
 from fairseq import checkpoint_utils  # noqa: E402
 from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
 
 from fairseq_hardattn.benchmark import setup_translation_task  # noqa: E402
+from fairseq_hardattn.plotting import pyplot  # noqa: E402
 from fairseq_hardattn.modules import FlexibleAttention, HardRetrievalAttention  # noqa: E402
 
 SUBLAYERS = {"cross": ("decoder", "encoder_attn"), "decoder-self": ("decoder", "self_attn"),
@@ -89,9 +89,7 @@ def main(argv=None):
     p.add_argument("--gate-out", help="PNG path for the flexible-attention gate trace")
     args = p.parse_args(argv)
 
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     task = setup_translation_task(args.data)
     models, _ = checkpoint_utils.load_model_ensemble(
