@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# Regenerate every results table and plot: train every architecture of
+# examples/multi30k/runs.tsv on Multi30k en-de with one budget
+# (examples/multi30k/common.sh), average checkpoints, score test2016
+# (tokenized lowercased BLEU and sacreBLEU with its signature), run the
+# benchmarks, and write results/ (Markdown, JSON, PNG), which the README
+# includes. Resumable: every finished step is skipped (delete its output to
+# redo it).
+#
+# Usage: scripts/results.sh DATA_DIR [WORK_DIR]
+#   DATA_DIR  the multi30k folder (../shared/data/multi30k here)
+#   WORK_DIR  BPE, binarized data, checkpoints (default: work/multi30k)
+# Environment: ONLY="soft hard ..." to restrict the runs; SKIP_BENCH=1;
+#   PARALLEL=2 trains two runs at a time (one thread each); see common.sh.
+# Never time while anything else runs on the machine: the benchmarks here
+# run after all training has finished.
+set -euo pipefail
+REPO="$(cd "$(dirname "$0")/.." && pwd)"
+M30K="$REPO/examples/multi30k"
+source "$M30K/common.sh"
+DATA_DIR=${1:?usage: results.sh DATA_DIR [WORK_DIR]}
+WORK_DIR=$(mkdir -p "${2:-work/multi30k}" && cd "${2:-work/multi30k}" && pwd)
+RESULTS="$REPO/results"
+PARALLEL=${PARALLEL:-1}
+mkdir -p "$RESULTS"
+
+bash "$M30K/prepare.sh" "$DATA_DIR" "$WORK_DIR"
+
+# --- training (resumable; PARALLEL runs at a time) ----------------------------
+mapfile -t RUNS < <(grep -v '^#' "$M30K/runs.tsv" | cut -f1-3)
+selected() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
+train_run() {  # name arch [flags]
+  local name=$1 arch=$2; shift 2
+  THREADS=$(( PARALLEL > 1 ? 1 : THREADS )) bash "$M30K/train.sh" "$WORK_DIR" "$name" "$arch" "$@"
+}
+for line in "${RUNS[@]}"; do
+  IFS=$'\t' read -r name arch flags <<< "$line"
+  selected "$name" || continue
+  # shellcheck disable=SC2086
+  train_run "$name" "$arch" $flags &
+  while [ "$(jobs -rp | wc -l)" -ge "$PARALLEL" ]; do wait -n; done
+done
+wait
+# flexible attention + fine-tuning with the gate loss (one epoch, beta 0.1)
+if selected flexible_ft && [ -f "$WORK_DIR/runs/flexible/checkpoint_avg.pt" ]; then
+  EPOCHS=1 AVERAGE_LAST=1 bash "$M30K/train.sh" "$WORK_DIR" flexible_ft transformer_flexible_small \
+    --finetune-from-model "$WORK_DIR/runs/flexible/checkpoint_avg.pt" \
+    --criterion label_smoothed_cross_entropy_with_gate --gate-beta 0.1 \
+    --lr-scheduler fixed --lr 0.0001
+fi
+
+# --- test2016 BLEU ------------------------------------------------------------
+evaluate() { bash "$M30K/evaluate.sh" "$DATA_DIR" "$WORK_DIR" "$@" > /dev/null; }
+for line in "${RUNS[@]}"; do
+  IFS=$'\t' read -r name _ <<< "$line"
+  [ -f "$WORK_DIR/runs/$name/checkpoint_avg.pt" ] && evaluate "$name" "$name"
+done
+SOFT="{'dec_self_attn_kind': 'soft', 'dec_cross_attn_kind': 'soft'}"
+[ -f "$WORK_DIR/runs/soft/checkpoint_avg.pt" ] && \
+  evaluate soft soft_decoded_hard --model-overrides "{'_name': 'transformer_hard_dec_small'}"
+[ -f "$WORK_DIR/runs/hard/checkpoint_avg.pt" ] && evaluate hard hard_decoded_soft --model-overrides "$SOFT"
+# fairseq's own cross+self decodes the cross_self checkpoint (identical training, see README)
+[ -f "$WORK_DIR/runs/cross_self/checkpoint_avg.pt" ] && \
+  evaluate cross_self fairseq_cross_self --model-overrides "{'_name': 'transformer'}"
+for run in flexible flexible_ft; do
+  if [ -f "$WORK_DIR/runs/$run/checkpoint_avg.pt" ]; then
+    evaluate "$run" "${run}_inf" --model-overrides "{'flexible_threshold': 'inf', 'print_cps': True}"
+    evaluate "$run" "${run}_auto" --model-overrides "{'print_cps': True}"
+  fi
+done
+[ -f "$WORK_DIR/runs/local/checkpoint_avg.pt" ] && \
+  evaluate local local_cps --model-overrides "{'print_cps': True}"
+
+[ "${SKIP_BENCH:-0}" = 1 ] && { python "$REPO/scripts/results_table.py" "$WORK_DIR" "$RESULTS"; exit 0; }
+
+# --- benchmarks (nothing else may run now) --------------------------------------
+export OMP_NUM_THREADS=1
+bench() {  # output-name args...
+  local out=$1; shift
+  [ -s "$RESULTS/$out.json" ] && return 0
+  log "benchmark: $out"
+  python "$REPO/scripts/benchmark_decoding.py" --json "$RESULTS/$out.json.tmp" \
+    --markdown "$RESULTS/$out.md" "$@" >&2 && mv "$RESULTS/$out.json.tmp" "$RESULTS/$out.json"
+}
+MODELS=()
+for line in "${RUNS[@]}"; do
+  IFS=$'\t' read -r name _ <<< "$line"
+  [ -f "$WORK_DIR/runs/$name/checkpoint_avg.pt" ] && MODELS+=(--model "$name=$WORK_DIR/runs/$name/checkpoint_avg.pt")
+done
+[ -f "$WORK_DIR/runs/cross_self/checkpoint_avg.pt" ] && MODELS+=(--model "fairseq_cross_self=$WORK_DIR/runs/cross_self/checkpoint_avg.pt" --override "fairseq_cross_self={'_name': 'transformer'}")
+# small preset, the trained checkpoints, the test set, beam 4
+bench speed_small --data "$WORK_DIR/data-bin" "${MODELS[@]}" --baseline soft --beam 4 \
+  --batch-size 64 --reps 5 --threads 1 --train-batches 10 --sublayer-times
+# Transformer Base dims, random weights, the test sources, 20 generated tokens each
+bench speed_base --data "$WORK_DIR/data-bin" --arch soft=hard_retrieval_transformer \
+  --arch hard=transformer_hard_dec --arch cross_self=transformer_cross_self \
+  --arch fairseq_cross_self=transformer \
+  --override "fairseq_cross_self={'cross_self_attention': True, 'no_cross_attention': True}" \
+  --arch hard_cross_self=transformer_hard_cross_self --arch aan=transformer_aan \
+  --arch local=transformer_local --arch flexible=transformer_flexible \
+  --override "flexible={'flexible_mean_source_length': 14.4}" \
+  --baseline soft --beam 4 --batch-size 64 --max-sentences 256 --fixed-output-len 20 \
+  --reps 3 --threads 1 --sublayer-times
+# Base dims with long sources (100 tokens), where skipping source positions matters
+bench speed_base_long_sources --arch soft=hard_retrieval_transformer \
+  --arch local=transformer_local --arch flexible=transformer_flexible \
+  --override "flexible={'flexible_mean_source_length': 100.0}" --arch hard=transformer_hard_dec \
+  --vocab 10000 --src-len 100 --num-sentences 64 --batch-size 32 --fixed-output-len 20 \
+  --baseline soft --beam 4 --reps 3 --threads 1 --sublayer-times
+[ -s "$RESULTS/op_costs_cpu.json" ] || python "$REPO/scripts/op_costs.py" --threads 1 \
+  --json "$RESULTS/op_costs_cpu.json" --markdown "$RESULTS/op_costs_cpu.md" >&2
+[ -s "$RESULTS/memory.json" ] || python "$REPO/scripts/memory_profile.py" \
+  --arch transformer_soft_small --arch transformer_hard_dec_small --arch transformer_cross_self_small \
+  --arch transformer_hard_cross_self_small --arch transformer_aan_small \
+  --arch transformer_local_small --arch transformer_flexible_small \
+  --json "$RESULTS/memory.json" --markdown "$RESULTS/memory.md" >&2
+[ -s "$RESULTS/speed_vs_length.json" ] || python "$REPO/scripts/plot_speed_vs_length.py" \
+  --arch soft=hard_retrieval_transformer --arch hard=transformer_hard_dec \
+  --arch cross_self=transformer_cross_self --arch aan=transformer_aan \
+  --arch flexible=transformer_flexible --arch local=transformer_local \
+  --lengths 10 25 50 100 200 --num-sentences 32 --batch-size 32 --reps 3 \
+  --out "$RESULTS/speed_vs_length.png" --json "$RESULTS/speed_vs_length.json" >&2
+if [ -f "$WORK_DIR/runs/flexible_ft/checkpoint_avg.pt" ] && [ ! -s "$RESULTS/bleu_vs_cps.json" ]; then
+  python "$REPO/scripts/bleu_vs_cps.py" --data "$WORK_DIR/data-bin" \
+    --checkpoint "$WORK_DIR/runs/flexible_ft/checkpoint_avg.pt" \
+    --tok-ref "$DATA_DIR/tok/test_2016_flickr.de" --thresholds 0.1 0.25 0.5 1 auto 2 4 inf \
+    --label "flexible + fine-tuning" --out "$RESULTS/bleu_vs_cps.png" --json "$RESULTS/bleu_vs_cps.json" >&2
+fi
+for run in soft hard flexible_ft; do
+  [ -f "$WORK_DIR/runs/$run/checkpoint_avg.pt" ] && [ ! -s "$RESULTS/attention_$run.png" ] && \
+    python "$REPO/scripts/plot_attention.py" --data "$WORK_DIR/data-bin" \
+      --checkpoint "$WORK_DIR/runs/$run/checkpoint_avg.pt" --index 7 \
+      --out "$RESULTS/attention_$run.png" \
+      $( [ "$run" = flexible_ft ] && echo --gate-out "$RESULTS/flexible_gate.png" ) >&2
+done
+python "$REPO/scripts/results_table.py" "$WORK_DIR" "$RESULTS"

@@ -1,0 +1,121 @@
+#!/usr/bin/env python
+"""Assemble results/: one table of every architecture (what it changes, BLEU,
+params, speed and ratio, % of the attention-free limit, peak memory) from the
+evaluation and benchmark outputs, as Markdown and JSON; and put the table at
+the top of README.md, between its ``<!-- results:start -->`` and
+``<!-- results:end -->`` markers.
+
+Usage: scripts/results_table.py WORK_DIR RESULTS_DIR   (as scripts/results.sh calls it)
+"""
+
+import json
+import re
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RUNS_TSV = REPO / "examples" / "multi30k" / "runs.tsv"
+EXTRA_ROWS = [  # evaluation-only rows: (name, arch, what it changes)
+    ("soft_decoded_hard", "transformer_soft_small → hard", "trained soft, decoded with hard retrieval (Table 4)"),
+    ("hard_decoded_soft", "transformer_hard_dec_small → soft", "trained hard, decoded soft (Table 4)"),
+    ("fairseq_cross_self", "transformer --cross-self-attention --no-cross-attention",
+     "fairseq's own cross+self attention (the peer; same trained weights as cross_self)"),
+    ("flexible_ft", "transformer_flexible_small + gate loss", "flexible, fine-tuned 1 epoch with CE − 0.1·mean(g)"),
+]
+
+
+def load(path):
+    return json.loads(Path(path).read_text()) if Path(path).is_file() else None
+
+
+def runs():
+    rows = []
+    for line in RUNS_TSV.read_text().splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        name, arch, flags, what = (line.split("\t") + ["", "", "", ""])[:4]
+        rows.append((name, f"{arch} {flags}".strip(), what))
+    return rows + EXTRA_ROWS
+
+
+def cps_of(work, name):
+    log = Path(work) / "results" / f"{name}.gen.log"
+    if not log.is_file():
+        return None
+    found = re.search(r"CPS ([\d.]+) \(global attention ([\d.]+)\)", log.read_text())
+    return (float(found.group(1)), float(found.group(2))) if found else None
+
+
+def by_model(benchmark):
+    return {r["model"]: r for r in benchmark["results"]} if benchmark else {}
+
+
+def fmt(value, spec, missing="—"):
+    return missing if value is None else format(value, spec)
+
+
+def main(argv=None):
+    work, results = (Path(a) for a in (argv or sys.argv[1:]))
+    small = by_model(load(results / "speed_small.json"))
+    base = by_model(load(results / "speed_base.json"))
+    memory = {}
+    for r in (load(results / "memory.json") or {}).get("results", []):
+        memory.setdefault(r["arch"], {})[r["workload"]] = r["peak_mb"]
+    table, records = [], []
+    for name, arch, what in runs():
+        bleu = load(work / "results" / f"{name}.json")
+        if bleu is None and name not in small:
+            continue
+        speed = small.get(name, {})
+        base_arch = base.get(name, {})
+        arch_name = arch.split()[0]
+        mem = memory.get(arch_name, {})
+        record = {
+            "name": name, "arch": arch, "changes": what,
+            "bleu_tok_lc": bleu and bleu.get("bleu_tok_lc"),
+            "sacrebleu": bleu and bleu.get("sacrebleu"),
+            "params": speed.get("params"),
+            "sentences_per_s": speed.get("sentences_per_s_median"),
+            "speed_vs_soft": speed.get("decode_speedup"),
+            "pct_of_attention_free_limit": speed.get("pct_of_attention_free_limit"),
+            "base_speed_vs_soft": base_arch.get("decode_speedup"),
+            "train_speed_vs_soft": speed.get("train_speed_ratio"),
+            "peak_mb_train": mem.get("train"), "peak_mb_decode": mem.get("decode"),
+        }
+        records.append(record)
+        table.append(
+            f"| `{name}` | {what} | {fmt(record['bleu_tok_lc'], '.2f')} | "
+            f"{fmt(record['sacrebleu'], '.2f')} | "
+            f"{fmt(record['params'] and record['params'] / 1e6, '.2f')} | "
+            f"{fmt(record['sentences_per_s'], '.1f')} | {fmt(record['speed_vs_soft'], '.2f')}{'x' if record['speed_vs_soft'] else ''} | "
+            f"{fmt(record['pct_of_attention_free_limit'], '.0f')}{'%' if record['pct_of_attention_free_limit'] else ''} | "
+            f"{fmt(record['base_speed_vs_soft'], '.2f')}{'x' if record['base_speed_vs_soft'] else ''} | "
+            f"{fmt(record['train_speed_vs_soft'], '.2f')}{'x' if record['train_speed_vs_soft'] else ''} | "
+            f"{fmt(record['peak_mb_train'], '.0f')} / {fmt(record['peak_mb_decode'], '.0f')} |")
+    header = (
+        "| run | what it changes | test2016 BLEU (tok, lc) | sacreBLEU (lc) | params (M) | "
+        "sent/s (small, CPU) | speed vs soft | % of attention-free limit | speed vs soft, Base dims | "
+        "train speed vs soft | peak MB train / decode |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|")
+    markdown = header + "\n" + "\n".join(table)
+    signature = next((load(p).get("sacrebleu_signature") for p in sorted((work / "results").glob("*.json"))
+                      if load(p) and load(p).get("sacrebleu_signature")), None)
+    notes = ("\nMulti30k en-de test2016 (1000 sentences), small preset (4+4 layers, d=128, FFN 256, "
+             "4 heads), identical training budget (examples/multi30k/common.sh), last 5 epoch "
+             "checkpoints averaged, beam 4. Speeds: one CPU thread, batch 64, median of interleaved "
+             "repetitions in one process (results/speed_*.md). "
+             + (f"sacreBLEU signature: `{signature}`." if signature else ""))
+    (results / "README.md").write_text("# Results\n\n" + markdown + "\n" + notes + "\n")
+    (results / "results.json").write_text(json.dumps(records, indent=2))
+    readme = REPO / "README.md"
+    text = readme.read_text()
+    start, end = "<!-- results:start -->", "<!-- results:end -->"
+    if start in text and end in text:
+        before, rest = text.split(start, 1)
+        after = rest.split(end, 1)[1]
+        readme.write_text(before + start + "\n" + markdown + "\n" + notes + "\n" + end + after)
+    print(markdown)
+
+
+if __name__ == "__main__":
+    main()
