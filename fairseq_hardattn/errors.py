@@ -25,3 +25,32 @@ def install_error_hook():
     """Print ``ConfigError``s in one line when they reach the top level."""
     if sys.excepthook is not _report_config_errors:
         sys.excepthook = _report_config_errors
+
+
+class ClearCheckpointErrors:
+    """Model mixin: a checkpoint of another family (or size) fails with one
+    line naming what does not fit, not torch's list of every parameter."""
+
+    def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
+        try:
+            return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
+        except RuntimeError as err:
+            if "Error(s) in loading state_dict" not in str(err):
+                raise
+            expected = self.state_dict()
+            missing = sorted(set(expected) - set(state_dict))
+            unexpected = sorted(set(state_dict) - set(expected))
+            problems = [line.strip() for line in str(err).splitlines()[1:] if line.strip()]
+            detail = "; ".join(
+                part for part in (
+                    missing and f"{len(missing)} parameters missing (e.g. {missing[0]})",
+                    unexpected and f"{len(unexpected)} unexpected (e.g. {unexpected[0]})",
+                    not (missing or unexpected) and problems and problems[0][:200],
+                ) if part)
+            name = getattr(model_cfg, "_name", None) or getattr(model_cfg, "arch", None) \
+                or type(self).__name__
+            raise ConfigError(
+                f"the checkpoint does not fit {name}: {detail}. Checkpoints convert between "
+                "attention kinds of the same sublayers (soft/hard, + fresh gates for flexible or "
+                "local cross-attention), not between families or sizes"
+            ) from None

@@ -174,3 +174,12 @@ def test_flexible_threshold_must_be_positive(reorder_data, tmp_path):
     )
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert "error: --flexible-threshold must be > 0, got 0.0" in proc.stderr
+
+
+def test_checkpoint_of_another_family_is_one_clear_line(trained_checkpoints, reorder_data):
+    """A plain transformer checkpoint has no average-attention parameters."""
+    proc = generate(reorder_data, trained_checkpoints["soft"],
+                    "--model-overrides", "{'_name': 'transformer_aan'}", check=False)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert re.search(r"error: the checkpoint does not fit transformer_aan: \d+ parameters missing",
+                     proc.stderr)

@@ -108,7 +108,7 @@ def test_sharing_needs_equal_depths_even_for_final():
 
 
 def test_aan_rejects_a_decoder_self_attention_kind():
-    with pytest.raises(ConfigError, match="--dec-self-attn-kind does not apply to --arch transformer_aan"):
+    with pytest.raises(ConfigError, match="--dec-self-attn-kind does not apply to transformer_aan"):
         build_model("transformer_aan", dec_self_attn_kind="hard")
 
 

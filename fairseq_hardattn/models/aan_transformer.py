@@ -16,6 +16,7 @@ from .hard_retrieval_transformer import (
     HardRetrievalTransformerModel,
     base_architecture,
     big_architecture,
+    model_name,
     set_defaults,
     small_architecture,
 )
@@ -58,7 +59,7 @@ class AANTransformerModel(HardRetrievalTransformerModel):
         if args.aan_ffn_dim < 0:
             raise ConfigError(f"--aan-ffn-dim must be >= 0, got {args.aan_ffn_dim}")
         if args.cross_self_attention:
-            raise ConfigError(f"--arch {args.arch} does not support --cross-self-attention")
+            raise ConfigError(f"{model_name(args)} does not support --cross-self-attention")
 
     @classmethod
     def build_model(cls, args, task):

@@ -32,6 +32,7 @@ from .hard_retrieval_transformer import (
     base_architecture,
     big_architecture,
     hard_in,
+    model_name,
     set_defaults,
     small_architecture,
 )
@@ -139,7 +140,7 @@ class CrossSelfTransformerModel(HardRetrievalTransformerModel):
     def validate_args(cls, args):
         super().validate_args(args)
         if not (args.cross_self_attention and args.no_cross_attention):
-            raise ConfigError(f"--arch {args.arch} needs --cross-self-attention "
+            raise ConfigError(f"{model_name(args)} needs --cross-self-attention "
                               "and --no-cross-attention (its presets set both)")
         if args.cross_self_source not in SOURCES:
             raise ConfigError(f"--cross-self-source must be one of {SOURCES}")

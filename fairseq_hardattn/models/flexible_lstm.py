@@ -14,7 +14,7 @@ from unittest import mock
 from fairseq.models import lstm, register_model, register_model_architecture
 from fairseq.models.lstm import LSTMDecoder, LSTMModel
 
-from ..errors import ConfigError
+from ..errors import ClearCheckpointErrors, ConfigError
 from ..modules import FlexibleLSTMAttention
 from .flexible_transformer import FlexibleAttentionOptions, resolve_threshold
 from .hard_retrieval_transformer import set_defaults
@@ -55,7 +55,7 @@ class FlexibleLSTMDecoder(LSTMDecoder):
 
 
 @register_model(MODEL_NAME)
-class FlexibleLSTMModel(FlexibleAttentionOptions, LSTMModel):
+class FlexibleLSTMModel(ClearCheckpointErrors, FlexibleAttentionOptions, LSTMModel):
     @staticmethod
     def add_args(parser):
         LSTMModel.add_args(parser)

@@ -34,7 +34,7 @@ from fairseq.modules.transformer_layer import (
     TransformerEncoderLayerBase,
 )
 
-from ..errors import ConfigError
+from ..errors import ClearCheckpointErrors, ConfigError
 from ..modules import ATTENTION_KINDS, attention_class
 
 MODEL_NAME = "hard_retrieval_transformer"
@@ -60,6 +60,11 @@ def attention_kind(cfg, option, kinds=ATTENTION_KINDS):
     """Class for the kind that ``option`` selects, with a clear error if unknown."""
     kind = getattr(cfg, option, None) or "soft"
     return attention_class(kind, "--" + option.replace("_", "-"), kinds)
+
+
+def model_name(args):
+    """The architecture ``args`` build (``_name`` wins, as in fairseq's build_model)."""
+    return getattr(args, "_name", None) or args.arch
 
 
 def wrap_layer(layer, cfg):
@@ -126,7 +131,7 @@ class AttentionKindDecoder(TransformerDecoderBase):
 
 
 @register_model(MODEL_NAME)
-class HardRetrievalTransformerModel(TransformerModel):
+class HardRetrievalTransformerModel(ClearCheckpointErrors, TransformerModel):
     """fairseq's Transformer with a selectable attention kind per sublayer."""
 
     @classmethod
@@ -154,7 +159,7 @@ class HardRetrievalTransformerModel(TransformerModel):
             if option in cls.replaced_sublayers:
                 if value != REPLACED:
                     raise ConfigError(
-                        f"{flag} does not apply to --arch {args.arch}: "
+                        f"{flag} does not apply to {model_name(args)}: "
                         f"{cls.replaced_sublayers[option]}"
                     )
             elif value not in kinds:
