@@ -4,9 +4,12 @@ fairseq's command-line tools print a full traceback for any exception raised
 while building a model or loading a checkpoint. For the mistakes a user makes
 (an unknown attention kind, contradictory options, a checkpoint of another
 family) a traceback from deep inside fairseq hides the one line that matters,
-so the plugin installs an exception hook that prints only that line.
+so the plugin installs an exception hook that prints only that line (for
+``ConfigError`` and for fairseq's own input errors, e.g. a sentence longer
+than the model's maximum positions).
 """
 
+import re
 import sys
 
 
@@ -14,8 +17,17 @@ class ConfigError(ValueError):
     """An invalid option, option combination, checkpoint or input."""
 
 
+# fairseq's own errors about user input, raised as bare Exceptions
+_FAIRSEQ_INPUT_ERRORS = (re.compile(r"Size of sample #\d+ is invalid"),)
+
+
+def _is_input_error(exc):
+    return isinstance(exc, ConfigError) or (
+        type(exc) is Exception and any(p.match(str(exc)) for p in _FAIRSEQ_INPUT_ERRORS))
+
+
 def _report_config_errors(exc_type, exc, tb, _previous=sys.excepthook):
-    if isinstance(exc, ConfigError):
+    if _is_input_error(exc):
         print(f"fairseq-hardattn: error: {exc}", file=sys.stderr)
         return
     _previous(exc_type, exc, tb)

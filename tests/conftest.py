@@ -2,6 +2,7 @@
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -95,7 +96,7 @@ def random_batch(dictionary, lengths, tgt_len=6, seed=0):
     return src, torch.tensor(lengths), prev
 
 
-def run_cli(tool, *args, cwd=None, check=True, timeout=600):
+def run_cli(tool, *args, cwd=None, check=True, timeout=600, input=None):
     """Run a fairseq console script (fairseq-train, ...) of this environment."""
     exe = BIN_DIR / tool
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m",
@@ -103,7 +104,7 @@ def run_cli(tool, *args, cwd=None, check=True, timeout=600):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     env.pop("TORCH_FORCE_WEIGHTS_ONLY_LOAD", None)
     env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
-    proc = subprocess.run(cmd + [str(a) for a in args], cwd=cwd, env=env,
+    proc = subprocess.run(cmd + [str(a) for a in args], cwd=cwd, env=env, input=input,
                           capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(
@@ -143,3 +144,36 @@ def reorder_data(tmp_path_factory):
 @pytest.fixture(scope="session")
 def all_archs():
     return fairseq_hardattn.registered_architectures()
+
+
+TEST_SENTENCES = 20  # of the reorder_data test set
+
+
+def train(data, save_dir, arch, *extra, updates=3):
+    """fairseq-train ``arch`` at tiny dims for a few updates."""
+    return run_cli(
+        "fairseq-train", data, "--arch", arch, *TRAIN_FLAGS, *tiny_dim_flags(arch),
+        "--max-update", updates, "--save-dir", save_dir, "--no-epoch-checkpoints",
+        *extra,
+    )
+
+
+def generate(data, checkpoint, *extra, check=True):
+    return run_cli(
+        "fairseq-generate", data, "--user-dir", USER_DIR, "--path", checkpoint,
+        "--beam", 4, "--batch-size", 8, "--cpu", "--max-len-b", 20, *extra,
+        check=check,
+    )
+
+
+def hypotheses(stdout):
+    return re.findall(r"^H-(\d+)\t", stdout, flags=re.M)
+
+
+@pytest.fixture(scope="session")
+def trained_checkpoints(reorder_data, tmp_path_factory):
+    """A soft (fairseq's own ``transformer``) and a hard model, a few updates each."""
+    root = tmp_path_factory.mktemp("ckpts")
+    train(reorder_data, root / "soft", "transformer", updates=2)
+    train(reorder_data, root / "hard", "transformer_hard_dec", updates=2)
+    return {kind: root / kind / "checkpoint_last.pt" for kind in ("soft", "hard")}

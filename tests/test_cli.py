@@ -8,30 +8,17 @@ from fairseq import checkpoint_utils, tasks
 import fairseq_hardattn
 from fairseq_hardattn.modules import HardRetrievalAttention
 
-from conftest import TINY_DIM_FLAGS, TRAIN_FLAGS, USER_DIR, run_cli, tiny_dim_flags
+from conftest import (
+    TEST_SENTENCES,
+    TINY_DIM_FLAGS,
+    TRAIN_FLAGS,
+    generate,
+    hypotheses,
+    run_cli,
+    train,
+)
 
 ARCHS = fairseq_hardattn.registered_architectures()
-TEST_SENTENCES = 20
-
-
-def train(data, save_dir, arch, *extra, updates=3):
-    return run_cli(
-        "fairseq-train", data, "--arch", arch, *TRAIN_FLAGS, *tiny_dim_flags(arch),
-        "--max-update", updates, "--save-dir", save_dir, "--no-epoch-checkpoints",
-        *extra,
-    )
-
-
-def generate(data, checkpoint, *extra, check=True):
-    return run_cli(
-        "fairseq-generate", data, "--user-dir", USER_DIR, "--path", checkpoint,
-        "--beam", 4, "--batch-size", 8, "--cpu", "--max-len-b", 20, *extra,
-        check=check,
-    )
-
-
-def hypotheses(stdout):
-    return re.findall(r"^H-(\d+)\t", stdout, flags=re.M)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -41,15 +28,6 @@ def test_train_save_generate(arch, reorder_data, tmp_path):
     # every test sentence is translated (batch size 8 does not divide 20)
     assert sorted(map(int, hypotheses(out))) == list(range(TEST_SENTENCES))
     assert "BLEU4 =" in out
-
-
-@pytest.fixture(scope="module")
-def trained_checkpoints(reorder_data, tmp_path_factory):
-    """A soft (fairseq's own ``transformer``) and a hard model, a few updates each."""
-    root = tmp_path_factory.mktemp("ckpts")
-    train(reorder_data, root / "soft", "transformer", updates=2)
-    train(reorder_data, root / "hard", "transformer_hard_dec", updates=2)
-    return {kind: root / kind / "checkpoint_last.pt" for kind in ("soft", "hard")}
 
 
 def load_with_overrides(checkpoint, overrides):

@@ -1,6 +1,5 @@
 """Flexible attention, local attention and the gate fine-tuning criterion."""
 
-import argparse
 import math
 
 import pytest

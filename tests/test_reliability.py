@@ -1,16 +1,14 @@
 """Reliability: multi-worker training, exact resume, decoding determinism."""
 
 import os
-import re
 import subprocess
-import sys
 
 import pytest
 import torch
 
 import fairseq_hardattn
 
-from conftest import BIN_DIR, USER_DIR, run_cli
+from conftest import BIN_DIR
 
 ARCHS = fairseq_hardattn.registered_architectures()
 HERE = os.path.dirname(__file__)

@@ -12,7 +12,6 @@ from .hard_retrieval_transformer import (
     REPLACED,
     AttentionKindDecoder,
     AttentionKindDecoderLayer,
-    AttentionKindEncoder,
     HardRetrievalTransformerModel,
     base_architecture,
     big_architecture,
