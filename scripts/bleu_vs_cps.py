@@ -24,7 +24,7 @@ import torch  # noqa: E402
 from fairseq import checkpoint_utils  # noqa: E402
 
 from fairseq_hardattn import benchmark  # noqa: E402
-from fairseq_hardattn.plotting import pyplot  # noqa: E402
+from fairseq_hardattn.plotting import pyplot, save_line_plot  # noqa: E402
 from fairseq_hardattn.scoring import tokenized_bleu  # noqa: E402
 
 
@@ -80,11 +80,7 @@ def main(argv=None):
     ax.set_xlabel("score computations per decoding step (CPS)")
     ax.set_ylabel("BLEU (tokenized, lowercased)")
     ax.set_title("BLEU vs attention computations")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(args.out, dpi=130)
-    print(f"wrote {args.out}", file=sys.stderr)
+    save_line_plot(fig, ax, args.out)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"checkpoint": args.checkpoint, "beam": args.beam, "points": points}, f, indent=2)

@@ -20,7 +20,7 @@ logging.getLogger("fairseq").setLevel(logging.WARNING)
 import torch  # noqa: E402
 
 from fairseq_hardattn import benchmark  # noqa: E402
-from fairseq_hardattn.plotting import pyplot  # noqa: E402
+from fairseq_hardattn.plotting import pyplot, save_line_plot  # noqa: E402
 
 
 def main(argv=None):
@@ -67,11 +67,7 @@ def main(argv=None):
     ax.set_xlabel("source length (tokens)")
     ax.set_ylabel("sentences / s")
     ax.set_title(f"decoding speed, beam {args.beam}, {args.output_len or 'source-length'} output tokens")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(args.out, dpi=130)
-    print(f"wrote {args.out}", file=sys.stderr)
+    save_line_plot(fig, ax, args.out)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"settings": vars(args), "lengths": args.lengths, "sentences_per_s": rates},

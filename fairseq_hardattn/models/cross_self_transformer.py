@@ -28,7 +28,6 @@ from .hard_retrieval_transformer import (
     AttentionKindDecoderLayer,
     AttentionKindEncoder,
     HardRetrievalTransformerModel,
-    attention_kind,
     base_architecture,
     big_architecture,
     hard_in,
@@ -44,15 +43,9 @@ SHARING_LEVELS = ("none", "attention", "attention+ffn", "attention+ffn+norm")
 
 
 class CrossSelfDecoderLayer(AttentionKindDecoderLayer):
-    def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
-        return attention_kind(cfg, "dec_self_attn_kind", CROSS_SELF_KINDS)(
-            embed_dim,
-            cfg.decoder.attention_heads,
-            dropout=cfg.attention_dropout,
-            self_attention=False,
-            q_noise=self.quant_noise,
-            qn_block_size=self.quant_noise_block_size,
-        )
+    # fairseq's layer builds its self-attention with self_attention=False when
+    # cfg.cross_self_attention is set, and feeds it [encoder; decoder] states
+    self_attention_kinds = CROSS_SELF_KINDS
 
 
 class LayerwiseCrossSelfDecoderLayer(CrossSelfDecoderLayer):

@@ -30,7 +30,6 @@ from .hard_retrieval_transformer import (
     AttentionKindDecoder,
     AttentionKindDecoderLayer,
     HardRetrievalTransformerModel,
-    attention_kind,
     base_architecture,
     big_architecture,
     set_defaults,
@@ -70,22 +69,13 @@ def resolve_threshold(args):
 
 
 class WindowedAttentionDecoderLayer(AttentionKindDecoderLayer):
-    def build_encoder_attention(self, embed_dim, cfg):
-        kind = attention_kind(cfg, "dec_cross_attn_kind", WINDOWED_KINDS)
-        options = (dict(sigma=cfg.flexible_sigma, threshold=resolve_threshold(cfg),
+    cross_attention_kinds = WINDOWED_KINDS
+
+    def cross_attention_options(self, kind, cfg):
+        if kind is FlexibleAttention:
+            return dict(sigma=cfg.flexible_sigma, threshold=resolve_threshold(cfg),
                         train_passes=cfg.flexible_train_passes)
-                   if kind is FlexibleAttention else dict(window=cfg.local_window))
-        return kind(
-            embed_dim,
-            cfg.decoder.attention_heads,
-            kdim=cfg.encoder.embed_dim,
-            vdim=cfg.encoder.embed_dim,
-            dropout=cfg.attention_dropout,
-            encoder_decoder_attention=True,
-            q_noise=self.quant_noise,
-            qn_block_size=self.quant_noise_block_size,
-            **options,
-        )
+        return dict(window=cfg.local_window)
 
 
 class WindowedAttentionDecoder(AttentionKindDecoder):

@@ -89,10 +89,14 @@ class AttentionKindEncoderLayer(TransformerEncoderLayerBase):
 
 
 class AttentionKindDecoderLayer(TransformerDecoderLayerBase):
+    # kinds the two attention options accept; families swap these registries
+    self_attention_kinds = ATTENTION_KINDS
+    cross_attention_kinds = ATTENTION_KINDS
+
     def build_self_attention(
         self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False
     ):
-        return attention_kind(cfg, "dec_self_attn_kind")(
+        return attention_kind(cfg, "dec_self_attn_kind", self.self_attention_kinds)(
             embed_dim,
             cfg.decoder.attention_heads,
             dropout=cfg.attention_dropout,
@@ -104,7 +108,8 @@ class AttentionKindDecoderLayer(TransformerDecoderLayerBase):
         )
 
     def build_encoder_attention(self, embed_dim, cfg):
-        return attention_kind(cfg, "dec_cross_attn_kind")(
+        kind = attention_kind(cfg, "dec_cross_attn_kind", self.cross_attention_kinds)
+        return kind(
             embed_dim,
             cfg.decoder.attention_heads,
             kdim=cfg.encoder.embed_dim,
@@ -113,7 +118,12 @@ class AttentionKindDecoderLayer(TransformerDecoderLayerBase):
             encoder_decoder_attention=True,
             q_noise=self.quant_noise,
             qn_block_size=self.quant_noise_block_size,
+            **self.cross_attention_options(kind, cfg),
         )
+
+    def cross_attention_options(self, kind, cfg):
+        """Constructor options a cross-attention kind adds to MultiheadAttention's."""
+        return {}
 
 
 class AttentionKindEncoder(TransformerEncoderBase):

@@ -11,13 +11,28 @@ attention (one K/V copy per sentence instead of per hypothesis), and score
 masking. ``reorder_incremental_state`` is inherited as is.
 """
 
-from typing import Dict, Optional, Tuple
+from typing import Dict, NamedTuple, Optional, Tuple
 
 import torch
 from fairseq.modules import MultiheadAttention
 from torch import Tensor
 
 IncrementalState = Optional[Dict[str, Dict[str, Optional[Tensor]]]]
+
+
+class Projected(NamedTuple):
+    """What ``project`` returns: q (bsz*heads, tgt_len, head_dim), unscaled;
+    k and v (kv_bsz*heads, src_len, head_dim); the key padding mask
+    (kv_bsz, src_len) as bool or None; kv_bsz, smaller than bsz when
+    encoder-decoder attention keeps one K/V copy per sentence of a beam."""
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    key_padding_mask: Optional[Tensor]
+    kv_bsz: int
+    tgt_len: int
+    bsz: int
 
 
 class CachedProjectionAttention(MultiheadAttention):
@@ -44,6 +59,31 @@ class CachedProjectionAttention(MultiheadAttention):
             )
         super().__init__(embed_dim, num_heads, *args, **kwargs)
 
+    def forward(
+        self,
+        query: Tensor,
+        key: Optional[Tensor],
+        value: Optional[Tensor],
+        key_padding_mask: Optional[Tensor] = None,
+        incremental_state: IncrementalState = None,
+        need_weights: bool = True,
+        static_kv: bool = False,
+        attn_mask: Optional[Tensor] = None,
+        before_softmax: bool = False,
+        need_head_weights: bool = False,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        """fairseq's ``MultiheadAttention.forward`` signature and semantics:
+        project and cache (``project``), then the mechanism's ``attend``."""
+        projected = self.project(query, key, value, key_padding_mask, incremental_state, static_kv)
+        return self.attend(query, projected, incremental_state, attn_mask, before_softmax,
+                           need_weights or need_head_weights, need_head_weights)
+
+    def attend(self, query: Tensor, p: Projected, incremental_state: IncrementalState,
+               attn_mask: Optional[Tensor], before_softmax: bool, need_weights: bool,
+               need_head_weights: bool) -> Tuple[Tensor, Optional[Tensor]]:
+        """Scores, weights and output of the mechanism: (out, weights or None)."""
+        raise NotImplementedError
+
     def project(
         self,
         query: Tensor,
@@ -52,15 +92,8 @@ class CachedProjectionAttention(MultiheadAttention):
         key_padding_mask: Optional[Tensor],
         incremental_state: IncrementalState,
         static_kv: bool,
-    ) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor], int]:
-        """Project and cache.
-
-        Returns ``q`` (bsz*heads, tgt_len, head_dim), unscaled; ``k`` and
-        ``v`` (kv_bsz*heads, src_len, head_dim); the key padding mask
-        (kv_bsz, src_len) as bool or None; and ``kv_bsz``, which is smaller
-        than ``bsz`` when encoder-decoder attention keeps one K/V copy per
-        sentence for a beam of ``self.beam_size`` hypotheses.
-        """
+    ) -> Projected:
+        """Project Q/K/V and update the incremental cache (see ``Projected``)."""
         tgt_len, bsz, embed_dim = query.size()
         if embed_dim != self.embed_dim:
             raise ValueError(f"query dim {embed_dim} != {self.embed_dim}")
@@ -140,7 +173,7 @@ class CachedProjectionAttention(MultiheadAttention):
                         f"key_padding_mask has shape {tuple(key_padding_mask.shape)}, "
                         f"expected {(kv_bsz, k.size(1))}"
                     )
-        return q, k, v, key_padding_mask, kv_bsz
+        return Projected(q, k, v, key_padding_mask, kv_bsz, tgt_len, bsz)
 
     def attention_scores(self, q: Tensor, k: Tensor, kv_bsz: int) -> Tensor:
         """q·kᵀ as (bsz*heads, tgt_len, src_len), grouping hypotheses by sentence."""

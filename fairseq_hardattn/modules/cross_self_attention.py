@@ -16,10 +16,11 @@ is one attention over the concatenation, as fairseq's.
 retrieval kind (argmax over both parts in inference, sampling in training).
 """
 
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional
 
 import torch
 import torch.nn.functional as F
+from fairseq.modules import MultiheadAttention
 from torch import Tensor
 
 from .cached_projection import CachedProjectionAttention, IncrementalState
@@ -31,26 +32,14 @@ _SOURCE_STATE = "cross_self_source"
 class CrossSelfAttention(CachedProjectionAttention):
     """Soft cross+self attention; constructed with ``self_attention=False``."""
 
-    def forward(
-        self,
-        query: Tensor,
-        key: Optional[Tensor],
-        value: Optional[Tensor],
-        key_padding_mask: Optional[Tensor] = None,
-        incremental_state: IncrementalState = None,
-        need_weights: bool = True,
-        static_kv: bool = False,
-        attn_mask: Optional[Tensor] = None,
-        before_softmax: bool = False,
-        need_head_weights: bool = False,
-    ) -> Tuple[Tensor, Optional[Tensor]]:
+    def forward(self, query: Tensor, key: Optional[Tensor], value: Optional[Tensor],
+                key_padding_mask: Optional[Tensor] = None,
+                incremental_state: IncrementalState = None, **kwargs):
+        """``MultiheadAttention.forward``'s signature (the rest in ``kwargs``)."""
         if incremental_state is None:
-            # one attention over [encoder; decoder]: the kind's own forward
-            return super().forward(
-                query, key, value, key_padding_mask=key_padding_mask,
-                need_weights=need_weights, attn_mask=attn_mask,
-                before_softmax=before_softmax, need_head_weights=need_head_weights,
-            )
+            # one attention over [encoder; decoder], as fairseq's layer built it
+            return self.full_forward(query, key, value, key_padding_mask=key_padding_mask, **kwargs)
+        attn_mask = kwargs.get("attn_mask")
         if self.training and isinstance(self, HardRetrievalAttention):
             raise RuntimeError("incremental decoding runs in eval mode; call model.eval()")
         tgt_len, bsz, _ = query.size()
@@ -67,7 +56,7 @@ class CrossSelfAttention(CachedProjectionAttention):
             target = key[src_len:]
         else:
             target_padding, target = key_padding_mask, key
-        q, k, v, target_padding, _ = self.project(
+        q, k, v, target_padding, *_ = self.project(
             query, target, target, target_padding, incremental_state, static_kv=False
         )
         if not isinstance(self, HardRetrievalAttention) or self.training:
@@ -83,6 +72,10 @@ class CrossSelfAttention(CachedProjectionAttention):
         ], dim=-1)
         out = self.attend_parts(scores, source_v, v, source_kv_bsz, bsz)
         return self.merge_heads(out, tgt_len, bsz), None
+
+    def full_forward(self, *args, **kwargs):
+        """Soft: fairseq's own attention (and its fused training path)."""
+        return MultiheadAttention.forward(self, *args, **kwargs)
 
     def _source_state(self, incremental_state) -> Dict[str, Optional[Tensor]]:
         return self.get_incremental_state(incremental_state, _SOURCE_STATE) or {}
@@ -131,6 +124,9 @@ class CrossSelfAttention(CachedProjectionAttention):
 
 class HardCrossSelfAttention(CrossSelfAttention, HardRetrievalAttention):
     """Hard retrieval over [encoder; decoder]: one key per head and query."""
+
+    def full_forward(self, *args, **kwargs):
+        return CachedProjectionAttention.forward(self, *args, **kwargs)
 
     def attend_parts(self, scores: Tensor, source_v: Tensor, target_v: Tensor,
                      source_kv_bsz: int, bsz: int) -> Tensor:

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .cached_projection import CachedProjectionAttention, IncrementalState
+from .cached_projection import CachedProjectionAttention
 from .hard_retrieval_attention import retrieve
 
 _CENTRE_STATE = "flexible_centre"
@@ -161,24 +161,9 @@ class FlexibleAttention(CachedProjectionAttention):
         distance = positions.float() - centres.float().unsqueeze(-1)
         return gates.float().unsqueeze(-1) * distance.pow(2) / (2 * self.sigma ** 2)
 
-    def forward(
-        self,
-        query: Tensor,
-        key: Optional[Tensor],
-        value: Optional[Tensor],
-        key_padding_mask: Optional[Tensor] = None,
-        incremental_state: IncrementalState = None,
-        need_weights: bool = True,
-        static_kv: bool = False,
-        attn_mask: Optional[Tensor] = None,
-        before_softmax: bool = False,
-        need_head_weights: bool = False,
-    ) -> Tuple[Tensor, Optional[Tensor]]:
-        need_weights = need_weights or need_head_weights
-        tgt_len, bsz, _ = query.size()
-        q, k, v, key_padding_mask, kv_bsz = self.project(
-            query, key, value, key_padding_mask, incremental_state, static_kv
-        )
+    def attend(self, query, p, incremental_state, attn_mask, before_softmax, need_weights,
+               need_head_weights):
+        q, k, v, key_padding_mask, kv_bsz, tgt_len, bsz = p
         q = q * self.scaling
         gates = self.gates(query)
         self.last_gates = gates  # read by the fine-tuning criterion after forward

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .cached_projection import CachedProjectionAttention, IncrementalState
+from .cached_projection import CachedProjectionAttention
 
 # All-dropped rows fall back to sampling from the undropped P: adding
 # EPS * P keeps every other row's distribution unchanged to ~1e-12.
@@ -142,24 +142,9 @@ class HardRetrievalAttention(CachedProjectionAttention):
     def make_generation_fast_(self, need_attn: bool = False, **kwargs):
         self.build_alignment = need_attn
 
-    def forward(
-        self,
-        query: Tensor,
-        key: Optional[Tensor],
-        value: Optional[Tensor],
-        key_padding_mask: Optional[Tensor] = None,
-        incremental_state: IncrementalState = None,
-        need_weights: bool = True,
-        static_kv: bool = False,
-        attn_mask: Optional[Tensor] = None,
-        before_softmax: bool = False,
-        need_head_weights: bool = False,
-    ) -> Tuple[Tensor, Optional[Tensor]]:
-        need_weights = need_weights or need_head_weights
-        tgt_len, bsz, _ = query.size()
-        q, k, v, key_padding_mask, kv_bsz = self.project(
-            query, key, value, key_padding_mask, incremental_state, static_kv
-        )
+    def attend(self, query, p, incremental_state, attn_mask, before_softmax, need_weights,
+               need_head_weights):
+        q, k, v, key_padding_mask, kv_bsz, tgt_len, bsz = p
         if self.training or before_softmax:
             q = q * self.scaling
         scores = self.mask_scores(

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .cached_projection import CachedProjectionAttention, IncrementalState
+from .cached_projection import CachedProjectionAttention
 from .flexible_attention import CpsCounter, first_key_positions, unpadded_lengths
 from .hard_retrieval_attention import retrieve
 
@@ -54,24 +54,9 @@ class LocalAttention(CachedProjectionAttention):
         relative = relative.permute(1, 2, 0).reshape(bsz * self.num_heads, -1).float()
         return starts.unsqueeze(1) + lengths.unsqueeze(1) * relative
 
-    def forward(
-        self,
-        query: Tensor,
-        key: Optional[Tensor],
-        value: Optional[Tensor],
-        key_padding_mask: Optional[Tensor] = None,
-        incremental_state: IncrementalState = None,
-        need_weights: bool = True,
-        static_kv: bool = False,
-        attn_mask: Optional[Tensor] = None,
-        before_softmax: bool = False,
-        need_head_weights: bool = False,
-    ) -> Tuple[Tensor, Optional[Tensor]]:
-        need_weights = need_weights or need_head_weights
-        tgt_len, bsz, _ = query.size()
-        q, k, v, key_padding_mask, kv_bsz = self.project(
-            query, key, value, key_padding_mask, incremental_state, static_kv
-        )
+    def attend(self, query, p, incremental_state, attn_mask, before_softmax, need_weights,
+               need_head_weights):
+        q, k, v, key_padding_mask, kv_bsz, tgt_len, bsz = p
         q = q * self.scaling
         src_len = k.size(1)
         rows_per_sentence = bsz // kv_bsz * self.num_heads
