@@ -25,7 +25,7 @@ setup(
         "numpy",
     ],
     extras_require={
-        "test": ["pytest>=7"],
+        "test": ["pytest>=7", "pytest-xdist>=3"],
         "plots": ["matplotlib>=3.5"],
     },
 )
