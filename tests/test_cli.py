@@ -2,10 +2,8 @@
 
 import re
 
-import pytest
 from fairseq import checkpoint_utils, tasks
 
-import fairseq_hardattn
 from fairseq_hardattn.modules import HardRetrievalAttention
 
 from conftest import (
