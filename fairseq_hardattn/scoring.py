@@ -51,7 +51,9 @@ def tokenized_bleu(hyps: List[str], tok_ref_path: str) -> float:
     """Tokenized, lowercased BLEU (the published-numbers convention)."""
     refs = _read_lines(tok_ref_path)
     _check_lengths(hyps, refs, tok_ref_path)
-    return sacrebleu.corpus_bleu(hyps, [refs], tokenize="none", lowercase=True).score
+    # force: the output is tokenized on purpose here (sacreBLEU would warn)
+    metric = sacrebleu.metrics.BLEU(tokenize="none", lowercase=True, force=True)
+    return metric.corpus_score(hyps, [refs]).score
 
 
 def detokenize(lines: List[str], lang: str) -> List[str]:

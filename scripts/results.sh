@@ -55,9 +55,11 @@ for line in "${RUNS[@]}"; do
   IFS=$'\t' read -r name _ <<< "$line"
   [ -f "$WORK_DIR/runs/$name/checkpoint_avg.pt" ] && evaluate "$name" "$name"
 done
+# our checkpoints name their kinds: override those (the `_name` override only
+# switches plain fairseq `transformer` checkpoints, which name none)
 SOFT="{'dec_self_attn_kind': 'soft', 'dec_cross_attn_kind': 'soft'}"
-[ -f "$WORK_DIR/runs/soft/checkpoint_avg.pt" ] && \
-  evaluate soft soft_decoded_hard --model-overrides "{'_name': 'transformer_hard_dec_small'}"
+HARD="{'dec_self_attn_kind': 'hard', 'dec_cross_attn_kind': 'hard'}"
+[ -f "$WORK_DIR/runs/soft/checkpoint_avg.pt" ] && evaluate soft soft_decoded_hard --model-overrides "$HARD"
 [ -f "$WORK_DIR/runs/hard/checkpoint_avg.pt" ] && evaluate hard hard_decoded_soft --model-overrides "$SOFT"
 # fairseq's own cross+self decodes the cross_self checkpoint (identical training, see README)
 [ -f "$WORK_DIR/runs/cross_self/checkpoint_avg.pt" ] && \

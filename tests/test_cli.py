@@ -149,3 +149,11 @@ def test_checkpoint_of_another_family_is_one_clear_line(trained_checkpoints, reo
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert re.search(r"error: the checkpoint does not fit transformer_aan: \d+ parameters missing",
                      proc.stderr)
+
+
+def test_preset_name_does_not_silently_override_a_checkpoints_own_kinds(reorder_data, tmp_path):
+    train(reorder_data, tmp_path, "transformer_soft_small", updates=1)
+    out = generate(reorder_data, tmp_path / "checkpoint_last.pt",
+                   "--model-overrides", "{'_name': 'transformer_hard_dec_small'}")
+    assert "which the preset transformer_hard_dec_small does not change" in out.stderr
+    assert "'dec_self_attn_kind': 'hard'" in out.stderr  # how to switch instead

@@ -26,8 +26,10 @@ for run in "${RUNS[@]}"; do
   bash "$HERE/train.sh" "$WORK_DIR" $run
 done
 
-SOFT="{'dec_self_attn_kind': 'soft', 'dec_cross_attn_kind': 'soft', 'enc_self_attn_kind': 'soft'}"
-HARD="{'_name': 'transformer_hard_dec_small'}"
+# our checkpoints name their kinds: override those (the `_name` override only
+# switches plain fairseq `transformer` checkpoints, which name none)
+SOFT="{'dec_self_attn_kind': 'soft', 'dec_cross_attn_kind': 'soft'}"
+HARD="{'dec_self_attn_kind': 'hard', 'dec_cross_attn_kind': 'hard'}"
 bash "$HERE/evaluate.sh" "$DATA_DIR" "$WORK_DIR" soft soft
 bash "$HERE/evaluate.sh" "$DATA_DIR" "$WORK_DIR" hard hard
 bash "$HERE/evaluate.sh" "$DATA_DIR" "$WORK_DIR" soft soft_decoded_hard --model-overrides "$HARD"

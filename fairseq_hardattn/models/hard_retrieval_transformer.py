@@ -15,8 +15,15 @@ and a plain fairseq ``transformer`` checkpoint decodes with hard attention
 through ``--model-overrides "{'_name': 'transformer_hard_dec'}"``.
 """
 
+import argparse
+import logging
+
 from fairseq.distributed import fsdp_wrap
-from fairseq.models import register_model, register_model_architecture
+from fairseq.models import (
+    ARCH_CONFIG_REGISTRY,
+    register_model,
+    register_model_architecture,
+)
 from fairseq.models.transformer import (
     TransformerConfig,
     TransformerDecoderBase,
@@ -36,6 +43,8 @@ from fairseq.modules.transformer_layer import (
 
 from ..errors import ClearCheckpointErrors, ConfigError
 from ..modules import ATTENTION_KINDS, attention_class
+
+logger = logging.getLogger(__name__)
 
 MODEL_NAME = "hard_retrieval_transformer"
 # the value a family's presets give the kind option of a sublayer it replaces
@@ -65,6 +74,26 @@ def attention_kind(cfg, option, kinds=ATTENTION_KINDS):
 def model_name(args):
     """The architecture ``args`` build (``_name`` wins, as in fairseq's build_model)."""
     return getattr(args, "_name", None) or args.arch
+
+
+def warn_if_preset_overruled(args):
+    """``--model-overrides "{'_name': preset}"`` fills only what a checkpoint
+    leaves unset: a checkpoint of this plugin names its attention kinds, so
+    the preset's kinds do not apply. Say so instead of decoding silently with
+    the checkpoint's kinds."""
+    name = getattr(args, "_name", None)
+    if not name or name == getattr(args, "arch", name) or name not in ARCH_CONFIG_REGISTRY:
+        return
+    preset = argparse.Namespace()
+    ARCH_CONFIG_REGISTRY[name](preset)
+    differing = {option: getattr(args, option) for option in ATTENTION_KIND_OPTIONS
+                 if getattr(preset, option, None) != getattr(args, option, None)}
+    if differing:
+        logger.warning(
+            "%s was trained as %s with %s, which the preset %s does not change; to decode "
+            "with other attention kinds, override those options (e.g. "
+            "--model-overrides \"{'dec_self_attn_kind': 'hard', 'dec_cross_attn_kind': 'hard'}\")",
+            "the checkpoint", args.arch, differing, name)
 
 
 def wrap_layer(layer, cfg):
@@ -181,6 +210,7 @@ class HardRetrievalTransformerModel(ClearCheckpointErrors, TransformerModel):
     def build_model(cls, args, task):
         base_architecture(args)
         cls.validate_args(args)
+        warn_if_preset_overruled(args)
         return super().build_model(args, task)
 
     encoder_class = AttentionKindEncoder
