@@ -4,6 +4,7 @@
 
 : "${BPE_MERGES:=10000}"   # joint BPE, as the published anchor
 : "${EPOCHS:=25}"
+: "${WARMUP:=800}"       # warmup updates of the inverse-sqrt schedule
 : "${SEED:=1}"
 : "${MAX_TOKENS:=4096}"
 : "${AVERAGE_LAST:=5}"     # average the last N epoch checkpoints
@@ -22,7 +23,7 @@ TRAIN_FLAGS=(
   --user-dir "$USER_DIR" --cpu --seed "$SEED" --num-workers 0
   --share-all-embeddings --dropout 0.3 --weight-decay 0.0001
   --optimizer adam --adam-betas '(0.9,0.98)' --clip-norm 0.0
-  --lr 0.004 --lr-scheduler inverse_sqrt --warmup-updates 800 --warmup-init-lr 1e-07
+  --lr 0.004 --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" --warmup-init-lr 1e-07
   --criterion label_smoothed_cross_entropy --label-smoothing 0.1
   --max-tokens "$MAX_TOKENS" --max-epoch "$EPOCHS"
   --no-progress-bar --log-format simple --log-interval 50
