@@ -11,7 +11,10 @@
 #   DATA_DIR  the multi30k folder (../shared/data/multi30k here)
 #   WORK_DIR  BPE, binarized data, checkpoints (default: work/multi30k)
 # Environment: ONLY="soft hard ..." to restrict the runs; SKIP_BENCH=1;
-#   PARALLEL=2 trains two runs at a time (one thread each); see common.sh.
+#   PARALLEL=2 trains two runs at a time (one thread each: 1.7x the
+#   throughput of one two-thread run on 2 cores); budget knobs in common.sh
+#   (EPOCHS, WARMUP, AVERAGE_LAST, ...); REFERENCE=OTHER_WORK_DIR adds that
+#   work dir's scores (e.g. a longer budget) to the README as a second table.
 # Never time while anything else runs on the machine: the benchmarks here
 # run after all training has finished.
 set -euo pipefail
@@ -25,6 +28,9 @@ PARALLEL=${PARALLEL:-1}
 mkdir -p "$RESULTS"
 
 bash "$M30K/prepare.sh" "$DATA_DIR" "$WORK_DIR"
+# the budget every run of this work dir is trained with, for the tables' notes
+printf '{"epochs": %s, "warmup_updates": %s, "max_tokens": %s, "average_last": %s, "seed": %s, "beam": %s}\n' \
+  "$EPOCHS" "$WARMUP" "$MAX_TOKENS" "$AVERAGE_LAST" "$SEED" "$BEAM" > "$WORK_DIR/budget.json"
 
 # --- training (resumable; PARALLEL runs at a time) ----------------------------
 mapfile -t RUNS < <(grep -v '^#' "$M30K/runs.tsv" | cut -f1-3)
@@ -73,7 +79,7 @@ done
 [ -f "$WORK_DIR/runs/local/checkpoint_avg.pt" ] && \
   evaluate local local_cps --model-overrides "{'print_cps': True}"
 
-[ "${SKIP_BENCH:-0}" = 1 ] && { python "$REPO/scripts/results_table.py" "$WORK_DIR" "$RESULTS"; exit 0; }
+[ "${SKIP_BENCH:-0}" = 1 ] && { python "$REPO/scripts/results_table.py" "$WORK_DIR" "$RESULTS" ${REFERENCE:+--reference "$REFERENCE"}; exit 0; }
 
 # --- benchmarks (nothing else may run now) --------------------------------------
 export OMP_NUM_THREADS=1
@@ -135,4 +141,4 @@ for run in soft hard flexible_ft; do
       --out "$RESULTS/attention_$run.png" \
       $( [ "$run" = flexible_ft ] && echo --gate-out "$RESULTS/flexible_gate.png" ) >&2
 done
-python "$REPO/scripts/results_table.py" "$WORK_DIR" "$RESULTS"
+python "$REPO/scripts/results_table.py" "$WORK_DIR" "$RESULTS" ${REFERENCE:+--reference "$REFERENCE"}

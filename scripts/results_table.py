@@ -5,12 +5,15 @@ evaluation and benchmark outputs, as Markdown and JSON; and put the table at
 the top of README.md, between its ``<!-- results:start -->`` and
 ``<!-- results:end -->`` markers.
 
-Usage: scripts/results_table.py WORK_DIR RESULTS_DIR   (as scripts/results.sh calls it)
+Usage: scripts/results_table.py WORK_DIR RESULTS_DIR [--reference OTHER_WORK_DIR]
+(as scripts/results.sh calls it). --reference adds the test2016 scores of
+another work dir (e.g. the soft/hard pair trained with a longer budget) as a
+second table.
 """
 
+import argparse
 import json
 import re
-import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,8 +57,62 @@ def fmt(value, spec, missing="—"):
     return missing if value is None else format(value, spec)
 
 
+def budget_note(work):
+    """How the runs of ``work`` were trained, from the budget.json results.sh writes."""
+    budget = load(Path(work) / "budget.json")
+    if not budget:
+        return "identical training budget (examples/multi30k/common.sh)"
+    return (f"identical training budget: {budget['epochs']} epochs of {budget['max_tokens']}-token "
+            f"batches, {budget['warmup_updates']} warmup updates, seed {budget['seed']}, last "
+            f"{budget['average_last']} epoch checkpoints averaged, beam {budget['beam']}")
+
+
+CPS_ROWS = [  # the flexible-attention paper's Table 1: (result name, what)
+    ("soft", "global attention (soft baseline)"),
+    ("local_cps", "local attention (Luong local-p, D=10)"),
+    ("flexible_inf", "flexible attention, τ = ∞ (no skipping)"),
+    ("flexible_auto", "flexible attention, τ = log₁₀ S̄ (the paper's rule)"),
+    ("flexible_ft_inf", "+ fine-tuning with the gate loss, τ = ∞"),
+    ("flexible_ft_auto", "+ fine-tuning with the gate loss, τ = log₁₀ S̄"),
+]
+
+
+def cps_table(work):
+    rows = []
+    for name, what in CPS_ROWS:
+        bleu, cps = load(Path(work) / "results" / f"{name}.json"), cps_of(work, name)
+        if bleu is None:
+            continue
+        rows.append(f"| {what} | {fmt(cps and cps[0], '.1f', 'all (global)')} | "
+                    f"{fmt(cps and 100 * (1 - cps[0] / cps[1]), '.0f')}{'%' if cps else ''} | "
+                    f"{bleu['bleu_tok_lc']:.2f} |")
+    if not rows:
+        return ""
+    return ("\n### Flexible attention (the paper's Table 1)\n\n"
+            "| model | CPS (scores per target step) | fewer than global | test2016 BLEU |\n"
+            "|---|---|---|---|\n" + "\n".join(rows) + "\n")
+
+
+def reference_table(reference):
+    rows = []
+    for name, _, what in runs():
+        bleu = load(Path(reference) / "results" / f"{name}.json")
+        if bleu:
+            rows.append(f"| `{name}` | {what} | {bleu['bleu_tok_lc']:.2f} | {bleu['sacrebleu']:.2f} |")
+    if not rows:
+        return ""
+    return (f"\n### Longer budget\n\nThe same recipe with a longer budget ({budget_note(reference)}):\n\n"
+            "| run | what it changes | test2016 BLEU (tok, lc) | sacreBLEU (lc) |\n|---|---|---|---|\n"
+            + "\n".join(rows) + "\n")
+
+
 def main(argv=None):
-    work, results = (Path(a) for a in (argv or sys.argv[1:]))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("work", type=Path, help="the work dir of scripts/results.sh")
+    parser.add_argument("results", type=Path, help="where to write the tables (results/)")
+    parser.add_argument("--reference", type=Path, help="another work dir whose scores to add")
+    args = parser.parse_args(argv)
+    work, results = args.work, args.results
     small = by_model(load(results / "speed_small.json"))
     base = by_model(load(results / "speed_base.json"))
     memory = {}
@@ -101,10 +158,10 @@ def main(argv=None):
     signature = next((load(p).get("sacrebleu_signature") for p in sorted((work / "results").glob("*.json"))
                       if load(p) and load(p).get("sacrebleu_signature")), None)
     notes = ("\nMulti30k en-de test2016 (1000 sentences), small preset (4+4 layers, d=128, FFN 256, "
-             "4 heads), identical training budget (examples/multi30k/common.sh), last 5 epoch "
-             "checkpoints averaged, beam 4. Speeds: one CPU thread, batch 64, median of interleaved "
-             "repetitions in one process (results/speed_*.md). "
-             + (f"sacreBLEU signature: `{signature}`." if signature else ""))
+             f"4 heads), {budget_note(work)}. Speeds: one CPU thread, batch 64, median of "
+             "interleaved repetitions in one process (results/speed_*.md). "
+             + (f"sacreBLEU signature: `{signature}`." if signature else "")
+             + "\n" + cps_table(work) + (reference_table(args.reference) if args.reference else ""))
     (results / "README.md").write_text("# Results\n\n" + markdown + "\n" + notes + "\n")
     (results / "results.json").write_text(json.dumps(records, indent=2))
     readme = REPO / "README.md"
