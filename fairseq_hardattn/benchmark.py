@@ -438,6 +438,7 @@ def main(argv=None):
         shares = profile_sublayers(models, dictionary, batches, args.beam, args.fixed_output_len)
     settings = {k: v for k, v in vars(args).items() if k not in ("json", "markdown")}
     settings["torch"] = torch.__version__
+    settings["sentences"] = sum(b["nsentences"] for b in batches)
     result = report(decode_timings, train_timings, baseline, params, settings, shares)
     table = markdown_table(result)
     print(table)

@@ -14,6 +14,7 @@ Example: scripts/plot_attention.py --data data-bin --checkpoint hard.pt --index 
 """
 
 import argparse
+import contextlib
 import logging
 import sys
 import warnings
@@ -34,10 +35,12 @@ SUBLAYERS = {"cross": ("decoder", "encoder_attn"), "decoder-self": ("decoder", "
              "encoder-self": ("encoder", "self_attn")}
 
 
+@contextlib.contextmanager
 def capture_weights(model, sublayer):
-    """Per-layer (heads, tgt, src) weights of ``sublayer`` from the next forward."""
+    """Per-layer (heads, tgt, src) weights of ``sublayer`` from the forwards
+    inside the ``with`` block; the modules are restored on leaving it."""
     side, name = SUBLAYERS[sublayer]
-    captured = []
+    captured, patched = [], []
     for layer in getattr(model, side).layers:
         module = getattr(layer, name)
         if module is None:
@@ -57,7 +60,14 @@ def capture_weights(model, sublayer):
             return out, weights
 
         module.forward = forward
-    return captured
+        patched.append(module)
+    try:
+        yield captured
+    finally:
+        for module in patched:
+            del module.forward  # back to the class's forward
+            if isinstance(module, HardRetrievalAttention):
+                module.build_alignment = False
 
 
 def gate_trace(model, task, sample):
@@ -104,8 +114,7 @@ def main(argv=None):
     src_words = [src_dict[i] for i in sample["net_input"]["src_tokens"][0]]
     tgt_words = [tgt_dict[i] for i in sample["target"][0]]
 
-    captured = capture_weights(model, args.sublayer)
-    with torch.no_grad():
+    with capture_weights(model, args.sublayer) as captured, torch.no_grad():
         model(**sample["net_input"])
     layers, heads = len(captured), captured[0].size(0)
     keys = src_words if args.sublayer != "decoder-self" else ["<s>"] + tgt_words[:-1]

@@ -111,6 +111,8 @@ def main(argv=None):
     parser.add_argument("work", type=Path, help="the work dir of scripts/results.sh")
     parser.add_argument("results", type=Path, help="where to write the tables (results/)")
     parser.add_argument("--reference", type=Path, help="another work dir whose scores to add")
+    parser.add_argument("--readme", type=Path, default=REPO / "README.md",
+                        help="README whose results markers receive the table")
     args = parser.parse_args(argv)
     work, results = args.work, args.results
     small = by_model(load(results / "speed_small.json"))
@@ -164,7 +166,7 @@ def main(argv=None):
              + "\n" + cps_table(work) + (reference_table(args.reference) if args.reference else ""))
     (results / "README.md").write_text("# Results\n\n" + markdown + "\n" + notes + "\n")
     (results / "results.json").write_text(json.dumps(records, indent=2))
-    readme = REPO / "README.md"
+    readme = args.readme
     text = readme.read_text()
     start, end = "<!-- results:start -->", "<!-- results:end -->"
     if start in text and end in text:

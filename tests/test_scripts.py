@@ -1,0 +1,196 @@
+"""Smoke tests of the tools in scripts/: each runs on tiny inputs, reports
+progress, and writes outputs whose contents make sense."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import BIN_DIR, TEST_SENTENCES, USER_DIR, run_cli, tiny_dim_flags, train
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+PYTHON_SCRIPTS = sorted(p.name for p in SCRIPTS.glob("*.py"))
+SHELL_SCRIPTS = sorted(p.name for p in SCRIPTS.glob("*.sh"))
+TINY_SMALL_ARCHS = ["soft=transformer_soft_small", "hard=transformer_hard_dec_small"]
+
+
+def script(name, *args, check=True, timeout=600):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", MPLBACKEND="Agg",
+               PATH=f"{BIN_DIR}{os.pathsep}{os.environ['PATH']}")
+    command = ([sys.executable] if name.endswith(".py") else ["bash"]) + [str(SCRIPTS / name)]
+    proc = subprocess.run(command + [str(a) for a in args], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+    if check:
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return proc
+
+
+def is_png(path):
+    return Path(path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("name", [n for n in PYTHON_SCRIPTS if n != "demo.py"] + ["demo.py"])
+def test_every_python_script_has_help(name):
+    proc = script(name, "--help")
+    assert proc.stdout.startswith("usage:") and "--" in proc.stdout
+
+
+@pytest.mark.parametrize("name", SHELL_SCRIPTS)
+def test_every_shell_script_explains_its_usage_when_called_without_arguments(name):
+    proc = script(name, check=False)
+    assert proc.returncode != 0
+    assert "usage" in proc.stderr.lower() and "Traceback" not in proc.stderr
+
+
+def test_benchmark_random_weights_side_by_side(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = script("benchmark_decoding.py", *sum((["--arch", a] for a in TINY_SMALL_ARCHS), []),
+                  "--vocab", 60, "--src-len", 7, "--num-sentences", 6, "--batch-size", 3,
+                  "--fixed-output-len", 4, "--reps", 2, "--threads", 1, "--train-batches", 1,
+                  "--sublayer-times", "--json", out, "--markdown", tmp_path / "bench.md")
+    result = json.loads(out.read_text())
+    soft, hard = (next(r for r in result["results"] if r["model"] == m) for m in ("soft", "hard"))
+    assert result["baseline"] == "soft" and soft["decode_speedup"] == 1.0
+    for r in (soft, hard):
+        assert r["sentences_per_s_min"] <= r["sentences_per_s_median"] <= r["sentences_per_s_max"]
+        assert r["generated_tokens"] == 6 * (4 + 1)  # the fixed length and EOS, every sentence
+        assert r["train_target_tokens_per_s_median"] > 0
+        assert 0 < r["pct_of_attention_free_limit"] <= 100
+        assert set(r["attention_share"]) >= {"decoder self-attention", "decoder cross-attention"}
+    assert soft["params"] == hard["params"]  # hard retrieval adds no parameters
+    assert "| hard |" in (tmp_path / "bench.md").read_text()
+    assert "[benchmark]" in proc.stderr  # progress
+
+
+def test_benchmark_trained_checkpoints_on_the_test_set(trained_checkpoints, reorder_data, tmp_path):
+    out = tmp_path / "bench.json"
+    script("benchmark_decoding.py", "--data", reorder_data,
+           "--model", f"soft={trained_checkpoints['soft']}",
+           "--model", f"hard={trained_checkpoints['hard']}",
+           "--beam", 2, "--batch-size", 8, "--reps", 1, "--json", out)
+    result = json.loads(out.read_text())
+    assert [r["model"] for r in result["results"]] == ["soft", "hard"]
+    assert all(r["sentences_per_s_median"] > 0 for r in result["results"])
+    assert result["settings"]["sentences"] == TEST_SENTENCES
+
+
+def test_speed_vs_length_plot(tmp_path):
+    script("plot_speed_vs_length.py", *sum((["--arch", a] for a in TINY_SMALL_ARCHS), []),
+           "--lengths", 4, 8, "--num-sentences", 2, "--batch-size", 2, "--reps", 1,
+           "--output-len", 3, "--vocab", 60, "--out", tmp_path / "speed.png",
+           "--json", tmp_path / "speed.json")
+    assert is_png(tmp_path / "speed.png")
+    rates = json.loads((tmp_path / "speed.json").read_text())["sentences_per_s"]
+    assert set(rates) == {"soft", "hard"} and all(len(v) == 2 and min(v) > 0 for v in rates.values())
+
+
+def test_op_costs_table(tmp_path):
+    proc = script("op_costs.py", "--keys", 5, 9, "--batch", 2, "--heads", 2, "--head-dim", 4,
+                  "--min-run-time", 0.01, "--json", tmp_path / "ops.json")
+    rows = json.loads((tmp_path / "ops.json").read_text())["results"]
+    assert [r["keys"] for r in rows] == [5, 9]
+    for r in rows:
+        assert all(r[op] > 0 for op in ("compare", "normalize", "argmax", "attend", "index"))
+        assert r["total_soft"] > 0 and r["total_hard"] > 0
+    assert "hard/soft" in proc.stdout
+
+
+def test_memory_profile(tmp_path):
+    script("memory_profile.py", "--arch", "transformer_soft_small", "--arch", "transformer_aan_small",
+           "--batch-tokens", 200, "--train-steps", 1, "--num-sentences", 4, "--length", 5,
+           "--vocab", 60, "--json", tmp_path / "mem.json", "--markdown", tmp_path / "mem.md")
+    rows = json.loads((tmp_path / "mem.json").read_text())["results"]
+    assert {(r["arch"], r["workload"]) for r in rows} == {
+        (a, w) for a in ("transformer_soft_small", "transformer_aan_small") for w in ("train", "decode")}
+    assert all(r["peak_mb"] > 0 for r in rows)
+
+
+@pytest.mark.parametrize("kind", ["soft", "hard"])
+def test_attention_plot(trained_checkpoints, reorder_data, tmp_path, kind):
+    script("plot_attention.py", "--data", reorder_data, "--checkpoint", trained_checkpoints[kind],
+           "--index", 1, "--out", tmp_path / "attn.png")
+    assert is_png(tmp_path / "attn.png")
+
+
+@pytest.fixture(scope="module")
+def flexible_checkpoint(reorder_data, tmp_path_factory):
+    root = tmp_path_factory.mktemp("flexible")
+    train(reorder_data, root, "transformer_flexible_small", updates=2)
+    return root / "checkpoint_last.pt"
+
+
+def test_gate_plot_and_bleu_vs_cps_curve(flexible_checkpoint, reorder_data, tmp_path):
+    script("plot_attention.py", "--data", reorder_data, "--checkpoint", flexible_checkpoint,
+           "--out", tmp_path / "attn.png", "--gate-out", tmp_path / "gate.png")
+    assert is_png(tmp_path / "attn.png") and is_png(tmp_path / "gate.png")
+    proc = script("bleu_vs_cps.py", "--data", reorder_data, "--checkpoint", flexible_checkpoint,
+                  "--tok-ref", reorder_data.parent / "raw" / "test.tgt",
+                  "--thresholds", "0.5", "auto", "inf", "--threads", 1, "--batch-size", 8,
+                  "--out", tmp_path / "curve.png", "--json", tmp_path / "curve.json")
+    assert is_png(tmp_path / "curve.png")
+    points = {p["threshold"]: p for p in json.loads((tmp_path / "curve.json").read_text())["points"]}
+    assert set(points) == {"0.5", "auto", "inf"}
+    # no skipping at tau = inf; a smaller threshold never scores more positions
+    assert points["inf"]["cps"] == pytest.approx(points["inf"]["global_cps"])
+    assert points["0.5"]["cps"] <= points["auto"]["cps"] <= points["inf"]["cps"]
+    assert all(0 <= p["bleu"] <= 100 for p in points.values())
+    assert "[bleu_vs_cps] tau inf" in proc.stderr
+
+
+def test_bleu_vs_cps_refuses_a_checkpoint_without_flexible_attention(trained_checkpoints,
+                                                                     reorder_data, tmp_path):
+    proc = script("bleu_vs_cps.py", "--data", reorder_data, "--checkpoint", trained_checkpoints["hard"],
+                  "--tok-ref", reorder_data.parent / "raw" / "test.tgt", "--thresholds", "1",
+                  "--out", tmp_path / "curve.png", check=False)
+    assert proc.returncode != 0 and "has no flexible attention" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "curve.png").exists()
+
+
+def test_results_table_fills_the_readme_markers(tmp_path):
+    work, results = tmp_path / "work", tmp_path / "results"
+    (work / "results").mkdir(parents=True)
+    results.mkdir()
+    (work / "budget.json").write_text(json.dumps(
+        {"epochs": 3, "warmup_updates": 100, "max_tokens": 512, "average_last": 2, "seed": 7, "beam": 4}))
+    for name, bleu in (("soft", 30.5), ("hard", 29.25), ("flexible_auto", 30.0)):
+        (work / "results" / f"{name}.json").write_text(json.dumps(
+            {"sentences": 10, "bleu_tok_lc": bleu, "sacrebleu": bleu - 0.1,
+             "sacrebleu_signature": "nrefs:1|case:lc"}))
+    (work / "results" / "flexible_auto.gen.log").write_text("CPS 4.50 (global attention 15.00)\n")
+    (results / "speed_small.json").write_text(json.dumps({"results": [
+        {"model": "soft", "params": 2_000_000, "sentences_per_s_median": 50.0, "decode_speedup": 1.0,
+         "pct_of_attention_free_limit": 70.0},
+        {"model": "hard", "params": 2_000_000, "sentences_per_s_median": 60.0, "decode_speedup": 1.2,
+         "pct_of_attention_free_limit": 84.0}]}))
+    readme = tmp_path / "README.md"
+    readme.write_text("# title\n<!-- results:start -->\nold\n<!-- results:end -->\nrest\n")
+    script("results_table.py", work, results, "--readme", readme)
+    text = readme.read_text()
+    assert "old" not in text and text.startswith("# title\n") and text.endswith("rest\n")
+    assert "| `hard` |" in text and "29.25" in text and "1.20x" in text and "84%" in text
+    assert "3 epochs of 512-token batches" in text
+    assert "| 4.5 | 70% | 30.00 |" in text  # CPS, fewer score computations than global, BLEU
+    records = json.loads((results / "results.json").read_text())
+    assert {r["name"] for r in records} == {"soft", "hard"}
+
+
+def test_hydra_sweep_and_its_summary(reorder_data, tmp_path):
+    """examples/sweep: two learning rates by fairseq-hydra-train's multirun."""
+    sweep_dir = tmp_path / "sweep"
+    dims = [f"+model.{flag[2:].split('=')[0].replace('-', '_')}={flag.split('=')[1]}"
+            for flag in tiny_dim_flags("transformer_hard_dec_small")]
+    run_cli("fairseq-hydra-train", "-m", "--config-dir", SCRIPTS.parent / "examples" / "sweep",
+            "--config-name", "sweep", f"task.data={reorder_data}", f"common.user_dir={USER_DIR}",
+            "model.share_all_embeddings=false",
+            "optimization.lr=[0.002],[0.004]", "optimization.max_update=2",
+            "lr_scheduler.warmup_updates=1", "dataset.max_tokens=300",
+            f"hydra.sweep.dir={sweep_dir}", *dims,
+            cwd=tmp_path)
+    proc = script("sweep_summary.py", sweep_dir, "--json", tmp_path / "summary.json")
+    rows = json.loads((tmp_path / "summary.json").read_text())
+    assert sorted(r["overrides"] for r in rows) == ["optimization.lr=[0.002]", "optimization.lr=[0.004]"]
+    assert all(r["best_valid_loss"] and r["best_valid_loss"] > 0 for r in rows)
+    assert "optimization.lr=[0.004]" in proc.stdout
