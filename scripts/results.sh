@@ -52,7 +52,7 @@ if selected flexible_ft && [ -f "$WORK_DIR/runs/flexible/checkpoint_avg.pt" ]; t
   EPOCHS=1 AVERAGE_LAST=1 bash "$M30K/train.sh" "$WORK_DIR" flexible_ft transformer_flexible_small \
     --finetune-from-model "$WORK_DIR/runs/flexible/checkpoint_avg.pt" \
     --criterion label_smoothed_cross_entropy_with_gate --gate-beta 0.1 \
-    --lr-scheduler fixed --lr 0.0001
+    --lr-scheduler fixed --warmup-updates 0 --lr 0.001  # no warmup (the shared one would span the epoch); Adam moves the gates ~lr per step
 fi
 
 # --- test2016 BLEU ------------------------------------------------------------
