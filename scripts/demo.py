@@ -24,6 +24,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -57,16 +58,39 @@ def tool(name):
 
 def run(cmd, log_path, show=None):
     """Run a command, keep its full output in ``log_path``, echo matching lines."""
+    run_together([(cmd, log_path, show, "")], threads=None)
+
+
+def run_together(jobs, threads):
+    """Run (cmd, log_path, show, prefix) jobs at once, each with ``threads``
+    threads (None: inherit), echoing their matching lines with the prefix.
+    Two one-thread trainings on 2 cores get ~1.7x the throughput of two
+    two-thread trainings one after the other."""
     env = dict(os.environ, PYTHONWARNINGS="ignore")
-    with open(log_path, "w") as log_file:
+    if threads:
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+
+    def follow(proc, log_path, show, prefix):
+        with open(log_path, "w") as log_file:
+            for line in proc.stdout:
+                log_file.write(line)
+                if show and re.search(show, line):
+                    print(f"    {prefix}" + line.split("| INFO |")[-1].strip(), flush=True)
+
+    running = []
+    for cmd, log_path, show, prefix in jobs:
         proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, env=env)
-        for line in proc.stdout:
-            log_file.write(line)
-            if show and re.search(show, line):
-                print("    " + line.split("| INFO |")[-1].strip(), flush=True)
-        if proc.wait() != 0:
-            sys.exit(f"demo: {Path(cmd[0]).name} failed; see {log_path}")
+        reader = threading.Thread(target=follow, args=(proc, log_path, show, prefix))
+        reader.start()
+        running.append((proc, reader, cmd, log_path))
+    for proc, reader, _, _ in running:
+        proc.wait()
+        reader.join()
+    failed = [(cmd, log_path) for proc, _, cmd, log_path in running if proc.returncode != 0]
+    if failed:
+        cmd, log_path = failed[0]
+        sys.exit(f"demo: {Path(cmd[0]).name} failed; see {log_path}")
 
 
 def prepare_data(args, work):
@@ -94,12 +118,12 @@ def prepare_data(args, work):
     return raw, data_bin
 
 
-def train(args, work, data_bin, arch):
+def train_command(args, work, data_bin, arch):
     save_dir = work / "checkpoints" / arch
     if save_dir.exists():
         shutil.rmtree(save_dir)
     save_dir.mkdir(parents=True)
-    run(tool("fairseq-train") + [
+    cmd = tool("fairseq-train") + [
         data_bin, "--user-dir", USER_DIR, "--arch", arch, "--cpu", "--seed", 1,
         "--share-all-embeddings", "--dropout", 0.1,
         "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--clip-norm", 1.0,
@@ -108,8 +132,8 @@ def train(args, work, data_bin, arch):
         "--max-tokens", 1024, "--max-epoch", args.epochs, "--num-workers", 0,
         "--save-dir", save_dir, "--no-epoch-checkpoints", "--no-last-checkpoints",
         "--no-progress-bar", "--log-format", "simple", "--log-interval", 1000,
-    ], save_dir.with_suffix(".train.log"), show=r"\| valid \| epoch")
-    return save_dir / "checkpoint_best.pt"
+    ]
+    return cmd, save_dir.with_suffix(".train.log"), save_dir / "checkpoint_best.pt"
 
 
 def translate(work, data_bin, checkpoint, raw, arch):
@@ -140,11 +164,15 @@ def main():
 
     log("step 1/4: data")
     raw, data_bin = prepare_data(args, work)
-    checkpoints, scores = {}, {}
-    for i, (label, arch) in enumerate(MODELS):
-        log(f"step 2/4: fairseq-train {arch} ({label}), {args.epochs} epochs "
-            f"[{i + 1}/{len(MODELS)}]")
-        checkpoints[arch] = train(args, work, data_bin, arch)
+    checkpoints, scores, jobs = {}, {}, []
+    at_once = max(1, min(args.threads, len(MODELS)))
+    for label, arch in MODELS:
+        cmd, log_path, checkpoints[arch] = train_command(args, work, data_bin, arch)
+        jobs.append((cmd, log_path, r"\| valid \| epoch", f"{arch}: "))
+    log(f"step 2/4: fairseq-train {', '.join(arch for _, arch in MODELS)}, {args.epochs} epochs, "
+        f"identical settings ({at_once} at a time, {max(1, args.threads // at_once)} thread(s) each)")
+    for start in range(0, len(jobs), at_once):
+        run_together(jobs[start:start + at_once], threads=max(1, args.threads // at_once))
     for label, arch in MODELS:
         log(f"step 3/4: fairseq-generate {arch} (beam 4)")
         scores[arch] = translate(work, data_bin, checkpoints[arch], raw, arch)
