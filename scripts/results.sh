@@ -98,7 +98,7 @@ done
 [ -f "$WORK_DIR/runs/cross_self/checkpoint_avg.pt" ] && MODELS+=(--model "fairseq_cross_self=$WORK_DIR/runs/cross_self/checkpoint_avg.pt" --override "fairseq_cross_self={'_name': 'transformer'}")
 # small preset, the trained checkpoints, the test set, beam 4
 bench speed_small --data "$WORK_DIR/data-bin" "${MODELS[@]}" --baseline soft --beam 4 \
-  --batch-size 64 --reps 5 --threads 1 --train-batches 10 --sublayer-times
+  --batch-size 64 --max-sentences 384 --reps 3 --threads 1 --train-batches 6 --sublayer-times
 # Transformer Base dims, random weights, the test sources, 20 generated tokens each
 bench speed_base --data "$WORK_DIR/data-bin" --arch soft=hard_retrieval_transformer \
   --arch hard=transformer_hard_dec --arch cross_self=transformer_cross_self \
@@ -107,7 +107,7 @@ bench speed_base --data "$WORK_DIR/data-bin" --arch soft=hard_retrieval_transfor
   --arch hard_cross_self=transformer_hard_cross_self --arch aan=transformer_aan \
   --arch local=transformer_local --arch flexible=transformer_flexible \
   --override "flexible={'flexible_mean_source_length': 14.4}" \
-  --baseline soft --beam 4 --batch-size 64 --max-sentences 256 --fixed-output-len 20 \
+  --baseline soft --beam 4 --batch-size 64 --max-sentences 128 --fixed-output-len 20 \
   --reps 3 --threads 1 --sublayer-times
 # Base dims with long sources (100 tokens), where skipping source positions matters
 bench speed_base_long_sources --arch soft=hard_retrieval_transformer \

@@ -67,6 +67,23 @@ def budget_note(work):
             f"{budget['average_last']} epoch checkpoints averaged, beam {budget['beam']}")
 
 
+def speed_note(results):
+    """How the speeds were measured, from the benchmark's own settings."""
+    small, base = load(results / "speed_small.json"), load(results / "speed_base.json")
+    if not small:
+        return "Speeds: not measured yet (scripts/results.sh without SKIP_BENCH)."
+    s = small["settings"]
+    note = (f"Speeds: decoding the first {s.get('sentences', '?')} test sentences with beam "
+            f"{s['beam']}, batch {s['batch_size']}, {s['threads']} CPU thread(s), median of "
+            f"{s['reps']} interleaved repetitions in one process; training speed on "
+            f"{s['train_batches']} batches of {s['train_max_tokens']} tokens")
+    if base:
+        b = base["settings"]
+        note += (f"; Base dims: random weights, {b.get('sentences', '?')} test sources, exactly "
+                 f"{b['fixed_output_len']} output tokens each")
+    return note + " (details: results/speed_*.md)."
+
+
 CPS_ROWS = [  # the flexible-attention paper's Table 1: (result name, what)
     ("soft", "global attention (soft baseline)"),
     ("local_cps", "local attention (Luong local-p, D=10)"),
@@ -115,6 +132,8 @@ def main(argv=None):
                         help="README whose results markers receive the table")
     args = parser.parse_args(argv)
     work, results = args.work, args.results
+    if not args.readme.is_file():
+        parser.error(f"--readme {args.readme}: no such file")
     small = by_model(load(results / "speed_small.json"))
     base = by_model(load(results / "speed_base.json"))
     memory = {}
@@ -160,8 +179,7 @@ def main(argv=None):
     signature = next((load(p).get("sacrebleu_signature") for p in sorted((work / "results").glob("*.json"))
                       if load(p) and load(p).get("sacrebleu_signature")), None)
     notes = ("\nMulti30k en-de test2016 (1000 sentences), small preset (4+4 layers, d=128, FFN 256, "
-             f"4 heads), {budget_note(work)}. Speeds: one CPU thread, batch 64, median of "
-             "interleaved repetitions in one process (results/speed_*.md). "
+             f"4 heads), {budget_note(work)}. {speed_note(results)} "
              + (f"sacreBLEU signature: `{signature}`." if signature else "")
              + "\n" + cps_table(work) + (reference_table(args.reference) if args.reference else ""))
     (results / "README.md").write_text("# Results\n\n" + markdown + "\n" + notes + "\n")
