@@ -96,9 +96,12 @@ for line in "${RUNS[@]}"; do
   [ -f "$WORK_DIR/runs/$name/checkpoint_avg.pt" ] && MODELS+=(--model "$name=$WORK_DIR/runs/$name/checkpoint_avg.pt")
 done
 [ -f "$WORK_DIR/runs/cross_self/checkpoint_avg.pt" ] && MODELS+=(--model "fairseq_cross_self=$WORK_DIR/runs/cross_self/checkpoint_avg.pt" --override "fairseq_cross_self={'_name': 'transformer'}")
-# small preset, the trained checkpoints, the test set, beam 4
+# small preset, the trained checkpoints, the test set, beam 4, 20 output tokens for
+# every model: the cost of the mechanisms, not of how long each model's (short
+# budget: often degenerate) translations are
 bench speed_small --data "$WORK_DIR/data-bin" "${MODELS[@]}" --baseline soft --beam 4 \
-  --batch-size 64 --max-sentences 384 --reps 3 --threads 1 --train-batches 6 --sublayer-times
+  --batch-size 64 --max-sentences 384 --fixed-output-len 20 --reps 3 --threads 1 \
+  --train-batches 6 --sublayer-times
 # Transformer Base dims, random weights, the test sources, 20 generated tokens each
 bench speed_base --data "$WORK_DIR/data-bin" --arch soft=hard_retrieval_transformer \
   --arch hard=transformer_hard_dec --arch cross_self=transformer_cross_self \

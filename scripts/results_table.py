@@ -73,7 +73,9 @@ def speed_note(results):
     if not small:
         return "Speeds: not measured yet (scripts/results.sh without SKIP_BENCH)."
     s = small["settings"]
-    note = (f"Speeds: decoding the first {s.get('sentences', '?')} test sentences with beam "
+    length = (f", exactly {s['fixed_output_len']} output tokens each" if s.get("fixed_output_len")
+              else "")
+    note = (f"Speeds: decoding the first {s.get('sentences', '?')} test sentences{length} with beam "
             f"{s['beam']}, batch {s['batch_size']}, {s['threads']} CPU thread(s), median of "
             f"{s['reps']} interleaved repetitions in one process; training speed on "
             f"{s['train_batches']} batches of {s['train_max_tokens']} tokens")
