@@ -36,6 +36,21 @@ def test_soft_cross_self_equals_fairseqs_own_cross_self():
     assert hypotheses(ours, d, src, src_lengths) == hypotheses(fairseq_own, d, src, src_lengths)
 
 
+def test_cross_self_initialises_like_fairseqs_own_so_training_is_the_same():
+    """Same seed, same initial parameters (names, shapes, values) as fairseq's
+    ``--cross-self-attention --no-cross-attention``; with the equal forward
+    above, training one is training the other: the Multi30k table decodes the
+    one ``cross_self`` run both ways."""
+    d = make_dictionary()
+    torch.manual_seed(3)
+    fairseq_own = build_model("transformer", d, cross_self_attention=True,
+                              no_cross_attention=True).state_dict()
+    torch.manual_seed(3)
+    ours = build_model("transformer_cross_self", d).state_dict()
+    assert ours.keys() == fairseq_own.keys()
+    assert all(torch.equal(ours[name], fairseq_own[name]) for name in ours)
+
+
 @pytest.mark.parametrize("beamable", [False, True])
 def test_cross_self_decoding_never_copies_the_source_part(beamable):
     """fairseq's generator stores encoder K/V per hypothesis unless the model's
