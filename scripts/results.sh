@@ -49,10 +49,10 @@ done
 wait
 # flexible attention + fine-tuning with the gate loss (one epoch, beta 0.1)
 if selected flexible_ft && [ -f "$WORK_DIR/runs/flexible/checkpoint_avg.pt" ]; then
-  EPOCHS=1 AVERAGE_LAST=1 bash "$M30K/train.sh" "$WORK_DIR" flexible_ft transformer_flexible_small \
-    --finetune-from-model "$WORK_DIR/runs/flexible/checkpoint_avg.pt" \
-    --criterion label_smoothed_cross_entropy_with_gate --gate-beta 0.1 \
-    --lr-scheduler fixed --warmup-updates 0 --lr 0.001  # no warmup (the shared one would span the epoch); Adam moves the gates ~lr per step
+  # a fixed lr of 1e-3, no warmup: Adam moves the gates ~lr per step
+  EPOCHS=1 AVERAGE_LAST=1 LR_SCHEDULER=fixed bash "$M30K/train.sh" "$WORK_DIR" flexible_ft \
+    transformer_flexible_small --finetune-from-model "$WORK_DIR/runs/flexible/checkpoint_avg.pt" \
+    --criterion label_smoothed_cross_entropy_with_gate --gate-beta 0.1 --lr 0.001
 fi
 
 # --- test2016 BLEU ------------------------------------------------------------
@@ -129,7 +129,7 @@ bench speed_base_long_sources --arch soft=hard_retrieval_transformer \
   --arch soft=hard_retrieval_transformer --arch hard=transformer_hard_dec \
   --arch cross_self=transformer_cross_self --arch aan=transformer_aan \
   --arch flexible=transformer_flexible --arch local=transformer_local \
-  --lengths 10 25 50 100 200 --num-sentences 32 --batch-size 32 --reps 3 \
+  --lengths 10 25 50 100 200 --num-sentences 32 --batch-size 32 --reps 2 \
   --out "$RESULTS/speed_vs_length.png" --json "$RESULTS/speed_vs_length.json" >&2
 if [ -f "$WORK_DIR/runs/flexible_ft/checkpoint_avg.pt" ] && [ ! -s "$RESULTS/bleu_vs_cps.json" ]; then
   python "$REPO/scripts/bleu_vs_cps.py" --data "$WORK_DIR/data-bin" \

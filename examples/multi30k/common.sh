@@ -5,6 +5,7 @@
 : "${BPE_MERGES:=10000}"   # joint BPE, as the published anchor
 : "${EPOCHS:=25}"
 : "${WARMUP:=800}"       # warmup updates of the inverse-sqrt schedule
+: "${LR_SCHEDULER:=inverse_sqrt}"  # e.g. fixed for fine-tuning
 : "${SEED:=1}"
 : "${MAX_TOKENS:=4096}"
 : "${AVERAGE_LAST:=5}"     # average the last N epoch checkpoints
@@ -19,11 +20,16 @@ USER_DIR="$REPO_DIR/fairseq_hardattn"
 # shared embeddings, dropout 0.3, lr 0.005, warmup 2000, 8000 updates of 8k
 # tokens), resized for a 2-core CPU budget of 25 epochs (~3350 updates of 4k
 # tokens): shorter warmup, slightly lower peak learning rate
+if [ "$LR_SCHEDULER" = inverse_sqrt ]; then
+  SCHEDULE=(--lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" --warmup-init-lr 1e-07)
+else  # fixed has no warmup-init-lr (and its warmup would span a short fine-tuning)
+  SCHEDULE=(--lr-scheduler "$LR_SCHEDULER")
+fi
 TRAIN_FLAGS=(
   --user-dir "$USER_DIR" --cpu --seed "$SEED" --num-workers 0
   --share-all-embeddings --dropout 0.3 --weight-decay 0.0001
   --optimizer adam --adam-betas '(0.9,0.98)' --clip-norm 0.0
-  --lr 0.004 --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" --warmup-init-lr 1e-07
+  --lr 0.004 "${SCHEDULE[@]}"
   --criterion label_smoothed_cross_entropy --label-smoothing 0.1
   --max-tokens "$MAX_TOKENS" --max-epoch "$EPOCHS"
   --no-progress-bar --log-format simple --log-interval 50
