@@ -125,6 +125,29 @@ def reference_table(reference):
             + "\n".join(rows) + "\n")
 
 
+FILES = {  # what each output of scripts/results.sh shows
+    "speed_small": "decoding and training speed, small preset, the trained checkpoints",
+    "speed_base": "decoding speed at Transformer Base dims (random weights)",
+    "speed_base_long_sources": "Base dims, 100-token sources: where skipping source positions pays",
+    "op_costs_cpu": "per-operation costs of one decoding step (the hard-attention paper's Table 2)",
+    "memory": "peak memory of training and decoding",
+    "speed_vs_length": "decoding speed against source length",
+    "bleu_vs_cps": "flexible attention: BLEU against score computations per step over τ",
+    "attention_soft": "cross-attention heatmaps, soft baseline (25-epoch model)",
+    "attention_hard": "chosen source positions of hard retrieval attention (25-epoch model)",
+    "attention_flexible_ft": "cross-attention of flexible attention after fine-tuning",
+    "flexible_gate": "flexible attention's gate g_t over the decoding steps of one sentence",
+    "issue2_speed_small": "soft vs hard, the 25-epoch checkpoints, end to end (1000 test sentences)",
+    "issue2_speed_small_fixed25": "soft vs hard, the 25-epoch checkpoints, 25 output tokens each",
+}
+
+
+def files_section(results):
+    rows = [f"- [{path.name}]({path.name}): {what}" for stem, what in FILES.items()
+            for path in sorted(results.glob(stem + ".*")) if path.suffix in (".md", ".png")]
+    return "\n## Files\n\n" + "\n".join(rows) + "\n" if rows else ""
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("work", type=Path, help="the work dir of scripts/results.sh")
@@ -184,7 +207,8 @@ def main(argv=None):
              f"4 heads), {budget_note(work)}. {speed_note(results)} "
              + (f"sacreBLEU signature: `{signature}`." if signature else "")
              + "\n" + cps_table(work) + (reference_table(args.reference) if args.reference else ""))
-    (results / "README.md").write_text("# Results\n\n" + markdown + "\n" + notes + "\n")
+    (results / "README.md").write_text("# Results\n\n" + markdown + "\n" + notes + "\n"
+                                       + files_section(results))
     (results / "results.json").write_text(json.dumps(records, indent=2))
     readme = args.readme
     text = readme.read_text()
