@@ -160,7 +160,9 @@ def test_results_table_fills_the_readme_markers(tmp_path):
             {"sentences": 10, "bleu_tok_lc": bleu, "sacrebleu": bleu - 0.1,
              "sacrebleu_signature": "nrefs:1|case:lc"}))
     (work / "results" / "flexible_auto.gen.log").write_text("CPS 4.50 (global attention 15.00)\n")
-    (results / "speed_small.json").write_text(json.dumps({"results": [
+    settings = {"sentences": 10, "fixed_output_len": 20, "beam": 4, "batch_size": 5, "threads": 1,
+                "reps": 3, "train_batches": 2, "train_max_tokens": 512}
+    (results / "speed_small.json").write_text(json.dumps({"settings": settings, "results": [
         {"model": "soft", "params": 2_000_000, "sentences_per_s_median": 50.0, "decode_speedup": 1.0,
          "pct_of_attention_free_limit": 70.0},
         {"model": "hard", "params": 2_000_000, "sentences_per_s_median": 60.0, "decode_speedup": 1.2,
@@ -172,6 +174,7 @@ def test_results_table_fills_the_readme_markers(tmp_path):
     assert "old" not in text and text.startswith("# title\n") and text.endswith("rest\n")
     assert "| `hard` |" in text and "29.25" in text and "1.20x" in text and "84%" in text
     assert "3 epochs of 512-token batches" in text
+    assert "first 10 test sentences, exactly 20 output tokens each with beam 4, batch 5" in text
     assert "| 4.5 | 70% | 30.00 |" in text  # CPS, fewer score computations than global, BLEU
     records = json.loads((results / "results.json").read_text())
     assert {r["name"] for r in records} == {"soft", "hard"}
