@@ -95,6 +95,7 @@ for line in "${RUNS[@]}"; do
   IFS=$'\t' read -r name _ <<< "$line"
   [ -f "$WORK_DIR/runs/$name/checkpoint_avg.pt" ] && MODELS+=(--model "$name=$WORK_DIR/runs/$name/checkpoint_avg.pt")
 done
+[ -f "$WORK_DIR/runs/flexible_ft/checkpoint_avg.pt" ] && MODELS+=(--model "flexible_ft=$WORK_DIR/runs/flexible_ft/checkpoint_avg.pt")
 [ -f "$WORK_DIR/runs/cross_self/checkpoint_avg.pt" ] && MODELS+=(--model "fairseq_cross_self=$WORK_DIR/runs/cross_self/checkpoint_avg.pt" --override "fairseq_cross_self={'_name': 'transformer'}")
 # small preset, the trained checkpoints, the test set, beam 4, 20 output tokens for
 # every model: the cost of the mechanisms, not of how long each model's (short
