@@ -153,7 +153,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--work-dir", default=str(REPO / "demo_work"))
     parser.add_argument("--data", help="raw data folder (default: the synthetic task)")
-    parser.add_argument("--epochs", type=int, default=12)
+    parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--reps", type=int, default=5, help="timing repetitions")
     args = parser.parse_args()
