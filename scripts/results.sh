@@ -130,7 +130,7 @@ bench speed_base_long_sources --arch soft=hard_retrieval_transformer \
   --arch soft=hard_retrieval_transformer --arch hard=transformer_hard_dec \
   --arch cross_self=transformer_cross_self --arch aan=transformer_aan \
   --arch flexible=transformer_flexible --arch local=transformer_local \
-  --lengths 10 25 50 100 200 --num-sentences 32 --batch-size 32 --reps 2 \
+  --lengths 10 30 100 --num-sentences 16 --batch-size 16 --reps 1 \
   --out "$RESULTS/speed_vs_length.png" --json "$RESULTS/speed_vs_length.json" >&2
 if [ -f "$WORK_DIR/runs/flexible_ft/checkpoint_avg.pt" ] && [ ! -s "$RESULTS/bleu_vs_cps.json" ]; then
   python "$REPO/scripts/bleu_vs_cps.py" --data "$WORK_DIR/data-bin" \
