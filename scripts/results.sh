@@ -61,12 +61,8 @@ for line in "${RUNS[@]}"; do
   IFS=$'\t' read -r name _ <<< "$line"
   [ -f "$WORK_DIR/runs/$name/checkpoint_avg.pt" ] && evaluate "$name" "$name"
 done
-# our checkpoints name their kinds: override those (the `_name` override only
-# switches plain fairseq `transformer` checkpoints, which name none)
-SOFT="{'dec_self_attn_kind': 'soft', 'dec_cross_attn_kind': 'soft'}"
-HARD="{'dec_self_attn_kind': 'hard', 'dec_cross_attn_kind': 'hard'}"
-[ -f "$WORK_DIR/runs/soft/checkpoint_avg.pt" ] && evaluate soft soft_decoded_hard --model-overrides "$HARD"
-[ -f "$WORK_DIR/runs/hard/checkpoint_avg.pt" ] && evaluate hard hard_decoded_soft --model-overrides "$SOFT"
+[ -f "$WORK_DIR/runs/soft/checkpoint_avg.pt" ] && evaluate soft soft_decoded_hard --model-overrides "$HARD_KINDS"
+[ -f "$WORK_DIR/runs/hard/checkpoint_avg.pt" ] && evaluate hard hard_decoded_soft --model-overrides "$SOFT_KINDS"
 # fairseq's own cross+self decodes the cross_self checkpoint (identical training, see README)
 [ -f "$WORK_DIR/runs/cross_self/checkpoint_avg.pt" ] && \
   evaluate cross_self fairseq_cross_self --model-overrides "{'_name': 'transformer'}"
@@ -79,7 +75,10 @@ done
 [ -f "$WORK_DIR/runs/local/checkpoint_avg.pt" ] && \
   evaluate local local_cps --model-overrides "{'print_cps': True}"
 
-[ "${SKIP_BENCH:-0}" = 1 ] && { python "$REPO/scripts/results_table.py" "$WORK_DIR" "$RESULTS" ${REFERENCE:+--reference "$REFERENCE"}; exit 0; }
+write_tables() {
+  python "$REPO/scripts/results_table.py" "$WORK_DIR" "$RESULTS" ${REFERENCE:+--reference "$REFERENCE"}
+}
+[ "${SKIP_BENCH:-0}" = 1 ] && { write_tables; exit 0; }
 
 # --- benchmarks (nothing else may run now) --------------------------------------
 export OMP_NUM_THREADS=1
@@ -145,4 +144,4 @@ for run in soft hard flexible_ft; do
       --out "$RESULTS/attention_$run.png" \
       $( [ "$run" = flexible_ft ] && echo --gate-out "$RESULTS/flexible_gate.png" ) >&2
 done
-python "$REPO/scripts/results_table.py" "$WORK_DIR" "$RESULTS" ${REFERENCE:+--reference "$REFERENCE"}
+write_tables

@@ -35,4 +35,10 @@ TRAIN_FLAGS=(
   --no-progress-bar --log-format simple --log-interval 50
 )
 
+# Table 4's train/decode switch for this plugin's checkpoints, which name their
+# kinds (the `_name` override only switches plain fairseq `transformer`
+# checkpoints, which name none)
+SOFT_KINDS="{'dec_self_attn_kind': 'soft', 'dec_cross_attn_kind': 'soft'}"
+HARD_KINDS="{'dec_self_attn_kind': 'hard', 'dec_cross_attn_kind': 'hard'}"
+
 log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }

@@ -26,14 +26,10 @@ for run in "${RUNS[@]}"; do
   bash "$HERE/train.sh" "$WORK_DIR" $run
 done
 
-# our checkpoints name their kinds: override those (the `_name` override only
-# switches plain fairseq `transformer` checkpoints, which name none)
-SOFT="{'dec_self_attn_kind': 'soft', 'dec_cross_attn_kind': 'soft'}"
-HARD="{'dec_self_attn_kind': 'hard', 'dec_cross_attn_kind': 'hard'}"
 bash "$HERE/evaluate.sh" "$DATA_DIR" "$WORK_DIR" soft soft
 bash "$HERE/evaluate.sh" "$DATA_DIR" "$WORK_DIR" hard hard
-bash "$HERE/evaluate.sh" "$DATA_DIR" "$WORK_DIR" soft soft_decoded_hard --model-overrides "$HARD"
-bash "$HERE/evaluate.sh" "$DATA_DIR" "$WORK_DIR" hard hard_decoded_soft --model-overrides "$SOFT"
+bash "$HERE/evaluate.sh" "$DATA_DIR" "$WORK_DIR" soft soft_decoded_hard --model-overrides "$HARD_KINDS"
+bash "$HERE/evaluate.sh" "$DATA_DIR" "$WORK_DIR" hard hard_decoded_soft --model-overrides "$SOFT_KINDS"
 if [ "${ABLATIONS:-0}" = 1 ]; then
   bash "$HERE/evaluate.sh" "$DATA_DIR" "$WORK_DIR" hard_cross hard_cross
   bash "$HERE/evaluate.sh" "$DATA_DIR" "$WORK_DIR" hard_all hard_all
