@@ -166,13 +166,14 @@ def main():
     raw, data_bin = prepare_data(args, work)
     checkpoints, scores, jobs = {}, {}, []
     at_once = max(1, min(args.threads, len(MODELS)))
+    threads_each = max(1, args.threads // at_once)
     for label, arch in MODELS:
         cmd, log_path, checkpoints[arch] = train_command(args, work, data_bin, arch)
         jobs.append((cmd, log_path, r"\| valid \| epoch", f"{arch}: "))
     log(f"step 2/4: fairseq-train {', '.join(arch for _, arch in MODELS)}, {args.epochs} epochs, "
-        f"identical settings ({at_once} at a time, {max(1, args.threads // at_once)} thread(s) each)")
+        f"identical settings ({at_once} at a time, {threads_each} thread(s) each)")
     for start in range(0, len(jobs), at_once):
-        run_together(jobs[start:start + at_once], threads=max(1, args.threads // at_once))
+        run_together(jobs[start:start + at_once], threads=threads_each)
     for label, arch in MODELS:
         log(f"step 3/4: fairseq-generate {arch} (beam 4)")
         scores[arch] = translate(work, data_bin, checkpoints[arch], raw, arch)

@@ -67,9 +67,8 @@ def budget_note(work):
             f"{budget['average_last']} epoch checkpoints averaged, beam {budget['beam']}")
 
 
-def speed_note(results):
-    """How the speeds were measured, from the benchmark's own settings."""
-    small, base = load(results / "speed_small.json"), load(results / "speed_base.json")
+def speed_note(small, base):
+    """How the speeds were measured, from the benchmarks' own settings."""
     if not small:
         return "Speeds: not measured yet (scripts/results.sh without SKIP_BENCH)."
     s = small["settings"]
@@ -159,8 +158,8 @@ def main(argv=None):
     work, results = args.work, args.results
     if not args.readme.is_file():
         parser.error(f"--readme {args.readme}: no such file")
-    small = by_model(load(results / "speed_small.json"))
-    base = by_model(load(results / "speed_base.json"))
+    small_benchmark, base_benchmark = load(results / "speed_small.json"), load(results / "speed_base.json")
+    small, base = by_model(small_benchmark), by_model(base_benchmark)
     memory = {}
     for r in (load(results / "memory.json") or {}).get("results", []):
         memory.setdefault(r["arch"], {})[r["workload"]] = r["peak_mb"]
@@ -204,7 +203,7 @@ def main(argv=None):
     signature = next((load(p).get("sacrebleu_signature") for p in sorted((work / "results").glob("*.json"))
                       if load(p) and load(p).get("sacrebleu_signature")), None)
     notes = ("\nMulti30k en-de test2016 (1000 sentences), small preset (4+4 layers, d=128, FFN 256, "
-             f"4 heads), {budget_note(work)}. {speed_note(results)} "
+             f"4 heads), {budget_note(work)}. {speed_note(small_benchmark, base_benchmark)} "
              + (f"sacreBLEU signature: `{signature}`." if signature else "")
              + "\n" + cps_table(work) + (reference_table(args.reference) if args.reference else ""))
     (results / "README.md").write_text("# Results\n\n" + markdown + "\n" + notes + "\n"
