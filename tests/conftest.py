@@ -96,15 +96,23 @@ def random_batch(dictionary, lengths, tgt_len=6, seed=0):
     return src, torch.tensor(lengths), prev
 
 
+def tool_env(**extra):
+    """Environment for a tool started by a test: one thread, this environment's
+    executables first on PATH, and no torch.load override (the plugin must
+    load checkpoints without one)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore",
+               PATH=f"{BIN_DIR}{os.pathsep}{os.environ['PATH']}", **extra)
+    env.pop("TORCH_FORCE_WEIGHTS_ONLY_LOAD", None)
+    env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
+    return env
+
+
 def run_cli(tool, *args, cwd=None, check=True, timeout=600, input=None):
     """Run a fairseq console script (fairseq-train, ...) of this environment."""
     exe = BIN_DIR / tool
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m",
                                            "fairseq_cli." + tool.split("-", 1)[1]]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    env.pop("TORCH_FORCE_WEIGHTS_ONLY_LOAD", None)
-    env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
-    proc = subprocess.run(cmd + [str(a) for a in args], cwd=cwd, env=env, input=input,
+    proc = subprocess.run(cmd + [str(a) for a in args], cwd=cwd, env=tool_env(), input=input,
                           capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(

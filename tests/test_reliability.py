@@ -8,7 +8,7 @@ import torch
 
 import fairseq_hardattn
 
-from conftest import BIN_DIR, TRAIN_FLAGS, tiny_dim_flags
+from conftest import BIN_DIR, TRAIN_FLAGS, tiny_dim_flags, tool_env
 
 ARCHS = fairseq_hardattn.registered_architectures()
 HERE = os.path.dirname(__file__)
@@ -49,14 +49,13 @@ def test_the_documented_launch_script_trains_and_resumes_with_two_workers(reorde
     """scripts/train_distributed.sh as a user runs it: 2 workers train 2
     updates and save; a second launch resumes from that checkpoint to 4."""
     script = os.path.join(HERE, os.pardir, "scripts", "train_distributed.sh")
-    env = dict(os.environ, MASTER_PORT="29547", PATH=f"{BIN_DIR}{os.pathsep}{os.environ['PATH']}",
-               PYTHONWARNINGS="ignore")
     arch = "transformer_hard_dec_small"
     argv = [str(reorder_data), "--arch", arch, *TRAIN_FLAGS, *tiny_dim_flags(arch),
             "--save-dir", str(tmp_path), "--no-epoch-checkpoints", "--max-tokens", "300"]
     for updates in (2, 4):
         proc = subprocess.run(["bash", script, "2", *argv, "--max-update", str(updates)],
-                              env=env, capture_output=True, text=True, timeout=600)
+                              env=tool_env(MASTER_PORT="29547"), capture_output=True,
+                              text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr[-4000:]
         assert "distributed init (rank 1)" in proc.stdout + proc.stderr
     log = proc.stdout + proc.stderr

@@ -2,14 +2,13 @@
 progress, and writes outputs whose contents make sense."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import BIN_DIR, TEST_SENTENCES, USER_DIR, run_cli, tiny_dim_flags, train
+from conftest import TEST_SENTENCES, USER_DIR, run_cli, tiny_dim_flags, tool_env, train
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 PYTHON_SCRIPTS = sorted(p.name for p in SCRIPTS.glob("*.py"))
@@ -18,11 +17,9 @@ TINY_SMALL_ARCHS = ["soft=transformer_soft_small", "hard=transformer_hard_dec_sm
 
 
 def script(name, *args, check=True, timeout=600):
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", MPLBACKEND="Agg",
-               PATH=f"{BIN_DIR}{os.pathsep}{os.environ['PATH']}")
     command = ([sys.executable] if name.endswith(".py") else ["bash"]) + [str(SCRIPTS / name)]
-    proc = subprocess.run(command + [str(a) for a in args], env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    proc = subprocess.run(command + [str(a) for a in args], env=tool_env(MPLBACKEND="Agg"),
+                          capture_output=True, text=True, timeout=timeout)
     if check:
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return proc
