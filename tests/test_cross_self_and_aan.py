@@ -53,14 +53,15 @@ def test_cross_self_initialises_like_fairseqs_own_so_training_is_the_same():
 
 @pytest.mark.parametrize("beamable", [False, True])
 def test_cross_self_decoding_never_copies_the_source_part(beamable):
-    """fairseq's generator stores encoder K/V per hypothesis unless the model's
-    decoder was given the beam size (then per sentence); either way the source
-    part is not copied when the beam reorders within sentences."""
+    """Our models pass the generator's beam size to the decoder, so encoder K/V
+    are stored per sentence (fairseq's own TransformerModel drops it: then per
+    hypothesis); either way the source part is not copied when the beam
+    reorders within sentences."""
     torch.manual_seed(0)
     d = make_dictionary()
     model = build_model("transformer_cross_self", d).eval()
-    if beamable:
-        model.decoder.set_beam_size(4)
+    if not beamable:
+        model.set_beam_size = lambda beam_size: None  # as fairseq's TransformerModel
     attn = model.decoder.layers[0].self_attn
     seen = []
     original = CrossSelfAttention.reorder_incremental_state
@@ -85,6 +86,7 @@ def test_cross_self_decoding_never_copies_the_source_part(beamable):
     assert any(not same for stored, hyps, same in seen)  # finished sentences are dropped
     if beamable:
         model.decoder.set_beam_size(1)
+        model.set_beam_size = lambda beam_size: None
         assert hypotheses(model, d, src, src_lengths, beam=4) == beam_hyps
 
 

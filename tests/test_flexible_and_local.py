@@ -23,19 +23,34 @@ def one_step(attn, query, key, pad=None, state=None):
     return out, state
 
 
-def test_band_is_exactly_the_positions_whose_penalty_is_below_tau():
+def beam_copies(tensor, beam, dim):
+    """Each sentence repeated for its hypotheses, as fairseq's generator does."""
+    return tensor.repeat_interleave(beam, dim=dim)
+
+
+@pytest.mark.parametrize("beam", [1, 2])
+def test_band_is_exactly_the_positions_whose_penalty_is_below_tau(beam):
+    """beam 2: K/V kept once per sentence, one window shared by its hypotheses,
+    whose centres differ; each must still score exactly its own band."""
     torch.manual_seed(0)
-    tau, sigma, src_len, bsz = 0.8, 1.5, 30, 3
+    tau, sigma, src_len, sentences = 0.8, 1.5, 30, 3
+    bsz = sentences * beam
     attn = FlexibleAttention(EMBED, HEADS, encoder_decoder_attention=True, sigma=sigma,
                              threshold=tau).double().eval()
+    attn.set_beam_size(beam)
     attn.cps.enabled = True
-    key = torch.randn(src_len, bsz, EMBED, dtype=torch.float64)
-    pad = torch.zeros(bsz, src_len, dtype=torch.bool)
+    key = beam_copies(torch.randn(src_len, sentences, EMBED, dtype=torch.float64), beam, 1)
+    pad = torch.zeros(sentences, src_len, dtype=torch.bool)
     pad[1, :4] = True
+    pad = beam_copies(pad, beam, 0)
     query = torch.randn(1, bsz, EMBED, dtype=torch.float64)
     state = {}
-    one_step(attn, query, key, pad, state)  # moves the centres away from the start
-    centres = attn.get_incremental_state(state, "flexible_centre")["centre"].reshape(-1)
+    one_step(attn, query, key, pad, state)
+    # previous centres anywhere in the (unpadded) sentences, so that the
+    # hypotheses of a sentence lie far apart
+    centres = (4 + torch.rand(bsz, HEADS) * (src_len - 5)).double()  # the penalty is float32
+    attn.set_incremental_state(state, "flexible_centre", {"centre": centres})
+    centres = centres.reshape(-1)
     attn.cps.reset()
     query2 = torch.randn(1, bsz, EMBED, dtype=torch.float64)
     out, _ = one_step(attn, query2, key, pad, state)
@@ -98,18 +113,21 @@ def test_exact_recurrence_in_training_matches_decoding():
     torch.testing.assert_close(torch.cat(steps), trained)
 
 
-def test_local_window_is_2d_plus_1_around_the_predicted_centre():
+@pytest.mark.parametrize("beam", [1, 2])
+def test_local_window_is_2d_plus_1_around_the_predicted_centre(beam):
     torch.manual_seed(0)
     attn = LocalAttention(EMBED, HEADS, encoder_decoder_attention=True, window=2).double().eval()
+    attn.set_beam_size(beam)
     attn.cps.enabled = True
-    key = torch.randn(20, 3, EMBED, dtype=torch.float64)
+    key = beam_copies(torch.randn(20, 3, EMBED, dtype=torch.float64), beam, 1)
     pad = torch.zeros(3, 20, dtype=torch.bool)
     pad[2, :15] = True  # a 5-token sentence
-    query = torch.randn(1, 3, EMBED, dtype=torch.float64)
+    pad = beam_copies(pad, beam, 0)
+    query = torch.randn(1, 3 * beam, EMBED, dtype=torch.float64)
     full, _ = attn(query, key, key, key_padding_mask=pad, static_kv=True)
     out, _ = one_step(attn, query, key, pad)
     torch.testing.assert_close(out, full)
-    assert float(attn.cps.scored) <= 3 * HEADS * 5  # 2D+1 = 5 positions at most
+    assert float(attn.cps.scored) <= 3 * beam * HEADS * 5  # 2D+1 = 5 positions at most
     summary = attn.cps.summary()
     assert summary["global_cps"] == pytest.approx((20 + 20 + 5) / 3)
 

@@ -107,6 +107,23 @@ def test_beam_search_on_a_batch_equals_each_sentence_alone(arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+def test_encoder_states_kept_once_per_sentence_decode_as_once_per_hypothesis(arch):
+    """Our models hand the generator's beam size to the decoder (fairseq's
+    beamable encoder-decoder attention: K/V once per sentence, and windowed
+    attention's windows shared by a sentence's hypotheses); the translations
+    are those of per-hypothesis K/V, as fairseq's TransformerModel keeps them."""
+    torch.manual_seed(0)
+    d = make_dictionary()
+    model = build_model(arch, d).eval()
+    generator = SequenceGenerator([model], d, beam_size=4, max_len_b=8)
+    src, src_lengths, _ = random_batch(d, [8, 6, 5, 3], seed=1)
+    per_sentence = _hypotheses(generator, src, src_lengths)
+    model.decoder.set_beam_size(1)
+    model.set_beam_size = lambda beam_size: None
+    assert _hypotheses(generator, src, src_lengths) == per_sentence
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_every_parameter_gets_a_gradient(arch):
     torch.manual_seed(0)
     d = make_dictionary()

@@ -216,6 +216,13 @@ class HardRetrievalTransformerModel(ClearCheckpointErrors, TransformerModel):
     encoder_class = AttentionKindEncoder
     decoder_class = AttentionKindDecoder
 
+    def set_beam_size(self, beam_size):
+        """fairseq's generator asks the *model* for this, which TransformerModel
+        lacks, so fairseq's beamable encoder-decoder attention never turns on:
+        forward it to the decoder, and the encoder K/V are projected and cached
+        once per sentence instead of once per hypothesis (beam x fewer)."""
+        self.decoder.set_beam_size(beam_size)
+
     @classmethod
     def encoder_decoder_classes(cls, args):
         """The encoder and decoder classes ``args`` call for (families override)."""

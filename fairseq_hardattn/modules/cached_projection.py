@@ -46,6 +46,9 @@ class CachedProjectionAttention(MultiheadAttention):
     # parameters a mechanism adds to MultiheadAttention's: a checkpoint
     # trained with another kind lacks them, and loading starts them fresh
     new_parameter_prefixes: Tuple[str, ...] = ()
+    # cache encoder K/V batch-major (fairseq: time-major, as projected), for
+    # mechanisms that gather windows of consecutive source positions
+    batch_major_static_cache = False
 
     def __init__(self, embed_dim, num_heads, *args, **kwargs):
         unsupported = [
@@ -153,6 +156,9 @@ class CachedProjectionAttention(MultiheadAttention):
                 src_len=k.size(1),
                 static_kv=static_kv,
             )
+            if static_kv and self.batch_major_static_cache:
+                # one copy per sentence, on the first step (later: no-ops)
+                k, v = k.contiguous(), v.contiguous()
             saved_state["prev_key"] = k.view(kv_bsz, heads, -1, head_dim)
             saved_state["prev_value"] = v.view(kv_bsz, heads, -1, head_dim)
             saved_state["prev_key_padding_mask"] = key_padding_mask

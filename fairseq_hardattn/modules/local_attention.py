@@ -9,7 +9,8 @@ softmax weights inside it are multiplied by exp(-(s - p_t)² / (2σ²)), σ = D/
 
 Training scores everything and masks the rest (the gradient reaches p_t
 through the Gaussian); decoding gathers the 2D+2 candidate K/V rows around
-p_t per hypothesis and head and scores only those.
+p_t (``gather_ranges``: one window per sentence and head, shared by its
+hypotheses) and scores only those.
 """
 
 from typing import Optional, Tuple
@@ -19,8 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .cached_projection import CachedProjectionAttention
-from .flexible_attention import CpsCounter, first_key_positions, unpadded_lengths
-from .hard_retrieval_attention import retrieve
+from .flexible_attention import CpsCounter, first_key_positions, gather_ranges, unpadded_lengths
 
 
 class LocalAttention(CachedProjectionAttention):
@@ -31,6 +31,7 @@ class LocalAttention(CachedProjectionAttention):
     """
 
     new_parameter_prefixes = ("centre_",)
+    batch_major_static_cache = True  # windows are contiguous blocks
 
     def __init__(self, embed_dim, num_heads, *args, window: int = 10,
                  centre_dim: Optional[int] = None, **kwargs):
@@ -84,24 +85,21 @@ class LocalAttention(CachedProjectionAttention):
         return self.merge_heads(out, tgt_len, bsz), weights
 
     def _window_step(self, q, k, v, key_padding_mask, kv_bsz, bsz, centres, lengths):
-        """Score only the window around each (hypothesis, head)'s centre."""
+        """Score only the windows: gathered K/V rows (``gather_ranges``)."""
         src_len = k.size(1)
         centre = centres[:, -1]
-        low = torch.floor(centre) - self.window  # |s - p| <= D lies in [floor(p)-D, floor(p)+D+1]
-        positions = low.unsqueeze(1) + torch.arange(2 * self.window + 2, device=q.device)
-        distance = positions - centre.unsqueeze(1)
-        inside = (distance.abs() <= self.window) & (positions >= 0) & (positions <= src_len - 1)
-        positions = positions.clamp(0, src_len - 1).long()
-        rows_per_sentence = bsz // kv_bsz * self.num_heads
-        if key_padding_mask is not None:
-            padded = key_padding_mask.repeat_interleave(rows_per_sentence, dim=0)
-            inside &= ~padded.gather(1, positions)
-        value_rows = self.value_rows(bsz, kv_bsz, q.device)
-        k_window = retrieve(k, value_rows, positions)
-        v_window = retrieve(v, value_rows, positions)
-        scores = torch.bmm(q, k_window.transpose(1, 2)).squeeze(1)  # (rows, 2D+2)
+        # |s - p| <= D lies in [floor(p) - D, floor(p) + D + 1]
+        low = (torch.floor(centre) - self.window).clamp(min=0)
+        high = (torch.floor(centre) + self.window + 1).clamp(max=src_len - 1)
+        windows = gather_ranges(self, k, v, key_padding_mask, low, high, kv_bsz, bsz)
+        distance = windows.positions - centre.unsqueeze(1)
+        inside = distance.abs() <= self.window
+        if windows.padded is not None:
+            inside &= ~windows.padded
+        scores = self.attention_scores(q, windows.keys, windows.window_bsz).squeeze(1)
         logits = scores.float().masked_fill(~inside, float("-inf"))
         probs = F.softmax(logits, dim=-1) * torch.exp(-distance.pow(2) / (2 * self.sigma ** 2))
-        out = torch.bmm(self.dropout_module(probs.type_as(q)).unsqueeze(1), v_window)
-        self.cps.add(inside.sum(-1), lengths.repeat_interleave(rows_per_sentence))
+        out = self.weighted_values(self.dropout_module(probs.type_as(q)).unsqueeze(1),
+                                   windows.values, windows.window_bsz)
+        self.cps.add(inside.sum(-1), lengths.repeat_interleave(bsz // kv_bsz * self.num_heads))
         return out
