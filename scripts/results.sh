@@ -100,14 +100,24 @@ done
 # every model: the cost of the mechanisms, not of how long each model's (short
 # budget: often degenerate) translations are
 bench speed_small --data "$WORK_DIR/data-bin" "${MODELS[@]}" --baseline soft --beam 4 \
-  --batch-size 64 --max-sentences 384 --fixed-output-len 20 --reps 3 --threads 1 \
+  --batch-size 64 --max-sentences 384 --fixed-output-len 20 --reps 5 --threads 1 \
   --train-batches 6 --sublayer-times
+# the same trained checkpoints on 100-token sources (random tokens): trained
+# gates and centres, where skipping source positions can pay
+SKIPPING=()
+for name in soft local flexible flexible_ft hard; do
+  [ -f "$WORK_DIR/runs/$name/checkpoint_avg.pt" ] && SKIPPING+=(--model "$name=$WORK_DIR/runs/$name/checkpoint_avg.pt")
+done
+bench speed_small_long_sources --data "$WORK_DIR/data-bin" "${SKIPPING[@]}" --baseline soft \
+  --src-len 100 --num-sentences 128 --batch-size 64 --fixed-output-len 20 --beam 4 --reps 5 \
+  --threads 1 --sublayer-times
 # Transformer Base dims, random weights, the test sources, 20 generated tokens each
 bench speed_base --data "$WORK_DIR/data-bin" --arch soft=hard_retrieval_transformer \
   --arch hard=transformer_hard_dec --arch cross_self=transformer_cross_self \
   --arch fairseq_cross_self=transformer \
   --override "fairseq_cross_self={'cross_self_attention': True, 'no_cross_attention': True}" \
   --arch hard_cross_self=transformer_hard_cross_self --arch aan=transformer_aan \
+  --arch aan_no_ffn=transformer_aan --override "aan_no_ffn={'aan_ffn_dim': 0}" \
   --arch local=transformer_local --arch flexible=transformer_flexible \
   --override "flexible={'flexible_mean_source_length': 14.4}" \
   --baseline soft --beam 4 --batch-size 64 --max-sentences 128 --fixed-output-len 20 \
@@ -117,7 +127,14 @@ bench speed_base_long_sources --arch soft=hard_retrieval_transformer \
   --arch local=transformer_local --arch flexible=transformer_flexible \
   --override "flexible={'flexible_mean_source_length': 100.0}" --arch hard=transformer_hard_dec \
   --vocab 10000 --src-len 100 --num-sentences 64 --batch-size 32 --fixed-output-len 20 \
-  --baseline soft --beam 4 --reps 3 --threads 1 --sublayer-times
+  --baseline soft --beam 4 --reps 5 --threads 1 --sublayer-times
+# Base dims, 60 output tokens: self-attention's cost grows with the target
+# prefix, the average attention network's does not
+bench speed_base_long_outputs --data "$WORK_DIR/data-bin" --arch soft=hard_retrieval_transformer \
+  --arch aan=transformer_aan --arch aan_no_ffn=transformer_aan \
+  --override "aan_no_ffn={'aan_ffn_dim': 0}" --arch cross_self=transformer_cross_self \
+  --arch hard=transformer_hard_dec --baseline soft --beam 4 --batch-size 64 --max-sentences 64 \
+  --fixed-output-len 60 --reps 3 --threads 1 --sublayer-times
 [ -s "$RESULTS/op_costs_cpu.json" ] || python "$REPO/scripts/op_costs.py" --threads 1 \
   --json "$RESULTS/op_costs_cpu.json" --markdown "$RESULTS/op_costs_cpu.md" >&2
 [ -s "$RESULTS/memory.json" ] || python "$REPO/scripts/memory_profile.py" \

@@ -127,7 +127,9 @@ def reference_table(reference):
 FILES = {  # what each output of scripts/results.sh shows
     "speed_small": "decoding and training speed, small preset, the trained checkpoints",
     "speed_base": "decoding speed at Transformer Base dims (random weights)",
+    "speed_small_long_sources": "small preset, the trained checkpoints, 100-token sources",
     "speed_base_long_sources": "Base dims, 100-token sources: where skipping source positions pays",
+    "speed_base_long_outputs": "Base dims, 60 output tokens: where a constant-cost decoder step pays",
     "op_costs_cpu": "per-operation costs of one decoding step (the hard-attention paper's Table 2)",
     "memory": "peak memory of training and decoding",
     "speed_vs_length": "decoding speed against source length",

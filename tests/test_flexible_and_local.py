@@ -10,7 +10,7 @@ from fairseq_hardattn import ConfigError
 from fairseq_hardattn.criterions.label_smoothed_cross_entropy_with_gate import (
     LabelSmoothedCrossEntropyWithGateCriterion,
 )
-from fairseq_hardattn.modules import FlexibleAttention, LocalAttention
+from fairseq_hardattn.modules import FlexibleAttention, LocalAttention, flexible_attention
 
 from conftest import TinyTask, build_model, make_dictionary, random_batch
 
@@ -28,12 +28,18 @@ def beam_copies(tensor, beam, dim):
     return tensor.repeat_interleave(beam, dim=dim)
 
 
-@pytest.mark.parametrize("beam", [1, 2])
-def test_band_is_exactly_the_positions_whose_penalty_is_below_tau(beam):
+@pytest.mark.parametrize("beam, far_apart", [(1, False), (2, False), (2, True)])
+def test_band_is_exactly_the_positions_whose_penalty_is_below_tau(beam, far_apart, monkeypatch):
     """beam 2: K/V kept once per sentence, one window shared by its hypotheses,
-    whose centres differ; each must still score exactly its own band."""
+    whose centres differ; each must still score exactly its own band. Far
+    apart: one sentence's hypotheses lie at both ends of the source, so its
+    rows get windows of their own rather than widening every window."""
     torch.manual_seed(0)
     tau, sigma, src_len, sentences = 0.8, 1.5, 30, 3
+    plans = []
+    original = flexible_attention.gather_ranges
+    monkeypatch.setattr(flexible_attention, "gather_ranges",
+                        lambda *args: plans.append(original(*args)) or plans[-1])
     bsz = sentences * beam
     attn = FlexibleAttention(EMBED, HEADS, encoder_decoder_attention=True, sigma=sigma,
                              threshold=tau).double().eval()
@@ -49,6 +55,10 @@ def test_band_is_exactly_the_positions_whose_penalty_is_below_tau(beam):
     # previous centres anywhere in the (unpadded) sentences, so that the
     # hypotheses of a sentence lie far apart
     centres = (4 + torch.rand(bsz, HEADS) * (src_len - 5)).double()  # the penalty is float32
+    if far_apart:
+        centres = (12 + torch.rand(bsz, HEADS)).double()
+        centres[1] = 28.0  # sentence 0, hypothesis 1
+        centres[0] = 4.0
     attn.set_incremental_state(state, "flexible_centre", {"centre": centres})
     centres = centres.reshape(-1)
     attn.cps.reset()
@@ -62,6 +72,12 @@ def test_band_is_exactly_the_positions_whose_penalty_is_below_tau(beam):
     expected &= ~pad.repeat_interleave(HEADS, dim=0)
     assert float(attn.cps.scored) == expected.sum().item()
     assert float(attn.cps.scored) < src_len * bsz * HEADS / 2  # really skipped
+    wide_rows = plans[-1].wide_rows
+    if far_apart:  # sentence 0's rows, and only those, have their own windows
+        assert wide_rows is not None and set(wide_rows.tolist()) == set(range(beam * HEADS))
+        assert plans[-1].main.positions.size(1) < 10
+    else:
+        assert wide_rows is None or wide_rows.numel() < bsz * HEADS
 
     # the output is attention over exactly those positions
     q = attn.q_proj(query2).view(1, bsz * HEADS, -1).transpose(0, 1) * attn.scaling
@@ -113,11 +129,15 @@ def test_exact_recurrence_in_training_matches_decoding():
     torch.testing.assert_close(torch.cat(steps), trained)
 
 
-@pytest.mark.parametrize("beam", [1, 2])
-def test_local_window_is_2d_plus_1_around_the_predicted_centre(beam):
+@pytest.mark.parametrize("beam, far_apart", [(1, False), (2, False), (2, True)])
+def test_local_window_is_2d_plus_1_around_the_predicted_centre(beam, far_apart):
     torch.manual_seed(0)
     attn = LocalAttention(EMBED, HEADS, encoder_decoder_attention=True, window=2).double().eval()
     attn.set_beam_size(beam)
+    if far_apart:  # sentence 0's hypotheses at both ends: windows of their own
+        fixed = torch.full((3 * beam * HEADS, 1), 8.0, dtype=torch.float64)
+        fixed[:HEADS], fixed[HEADS:2 * HEADS], fixed[4 * HEADS:] = 1.0, 18.0, 17.0
+        attn.centres = lambda query, starts, lengths, bsz: fixed.expand(-1, query.size(0))
     attn.cps.enabled = True
     key = beam_copies(torch.randn(20, 3, EMBED, dtype=torch.float64), beam, 1)
     pad = torch.zeros(3, 20, dtype=torch.bool)

@@ -107,17 +107,13 @@ def gather_windows(values: Tensor, value_rows: Tensor, start: Tensor, width: int
     return F.embedding(value_rows * src_len + start, blocks).view(-1, width, dim)
 
 
-# A sentence's hypotheses share one window unless it would be this many times
-# wider than the widest single range (hypotheses far apart): then each gets its own.
-SHARED_WINDOW_MAX_SPREAD = 2
-
-
 class Windows(NamedTuple):
-    """Gathered K/V windows: ``positions`` (rows, W) the key position of each
-    query row's window slots, ``padded`` (rows, W) or None; ``keys`` and
-    ``values`` (window_bsz*heads, W, head_dim), one per sentence (window_bsz =
-    kv_bsz, shared by its hypotheses) or one per hypothesis (window_bsz = bsz),
-    as ``attention_scores`` and ``weighted_values`` take them."""
+    """Gathered K/V windows for some query rows: ``positions`` (rows, W) the
+    key position of each row's window slots, ``padded`` (rows, W) or None;
+    ``keys`` and ``values`` (window_bsz*heads, W, head_dim), one window per
+    sentence and head (window_bsz = kv_bsz, shared by its hypotheses) or one
+    per row (window_bsz = rows // heads), as ``attention_scores`` and
+    ``weighted_values`` take them."""
 
     positions: Tensor
     padded: Optional[Tensor]
@@ -126,32 +122,71 @@ class Windows(NamedTuple):
     window_bsz: int
 
 
+class WindowPlan(NamedTuple):
+    """``main``: windows for every query row; ``wide_rows`` (long) the rows whose
+    range ``main`` does not cover, with their own windows ``wide`` (or None)."""
+
+    main: Windows
+    wide_rows: Optional[Tensor]
+    wide: Optional[Windows]
+
+
+# a window per row costs about this many times a shared window of the same
+# width (a copy and a matrix product per hypothesis instead of per sentence)
+PER_ROW_COST = 2
+
+
 def gather_ranges(attn, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor],
-                  low: Tensor, high: Tensor, kv_bsz: int, bsz: int) -> Windows:
+                  low: Tensor, high: Tensor, kv_bsz: int, bsz: int) -> WindowPlan:
     """Gather the K/V rows of positions [low, high] (inclusive, within the
     source; one range per query row, rows ordered sentence, hypothesis, head)
-    of ``attn``'s cache. A beam's hypotheses share their sentence's K/V rows
-    (fairseq's beamable encoder-decoder attention), so by default they share
-    one window too, covering all their ranges: each window is copied once per
-    sentence instead of once per hypothesis, and the scores are one small
-    matrix product per sentence and head, as in global attention. Every
-    window is as wide as the widest of the step, so no row is left short."""
+    of ``attn``'s cache.
+
+    A beam's hypotheses share their sentence's K/V rows (fairseq's beamable
+    encoder-decoder attention), so they share one window too, covering all
+    their ranges: each window is copied once per sentence instead of once per
+    hypothesis, and the scores are one small matrix product per sentence and
+    head, as in global attention. Windows are as wide as the step's widest,
+    except that a few much wider ones (a weak gate, hypotheses far apart) do
+    not widen all: the width minimising the work is chosen, and the rows of
+    wider windows get windows of their own (``WindowPlan.wide``)."""
     heads, src_len = attn.num_heads, k.size(1)
     value_rows = attn.value_rows(bsz, kv_bsz, k.device)
-    window_rows = torch.arange(kv_bsz * heads, device=k.device)
-    start, width = window_starts(low.view(kv_bsz, -1, heads).amin(dim=1).reshape(-1),
-                                 high.view(kv_bsz, -1, heads).amax(dim=1).reshape(-1), src_len)
-    window_bsz, row_start = kv_bsz, start.index_select(0, value_rows)
-    if kv_bsz < bsz and width > SHARED_WINDOW_MAX_SPREAD * (int((high - low).max()) + 1):
-        start, width = window_starts(low, high, src_len)
-        window_bsz, window_rows, row_start = bsz, value_rows, start
-    positions = row_start.unsqueeze(1) + torch.arange(width, device=k.device)
+    group_low = low.view(kv_bsz, -1, heads).amin(dim=1).reshape(-1)
+    group_high = high.view(kv_bsz, -1, heads).amax(dim=1).reshape(-1)
+    group_width = group_high - group_low + 1
+    widths = group_width.sort().values
+    groups = widths.numel()
+    # work of width w for all groups, plus the wider groups' rows on their own
+    wider = groups - 1 - torch.arange(groups, device=k.device)
+    work = groups * widths + PER_ROW_COST * wider * widths[-1]
+    width = int(widths[int(work.argmin())])  # one sync per step, to size the windows
+    start = group_low.clamp(max=src_len - width).long()
+    main = _windows(k, v, key_padding_mask, heads, torch.arange(groups, device=k.device), start,
+                    width, value_rows, kv_bsz)
+    wide_rows = (group_width > width).index_select(0, value_rows).nonzero().squeeze(1)
+    if wide_rows.numel() == 0:
+        return WindowPlan(main, None, None)
+    row_start, row_width = window_starts(low[wide_rows], high[wide_rows], src_len)
+    wide = _windows(k, v, key_padding_mask, heads, value_rows[wide_rows], row_start, row_width,
+                    None, wide_rows.numel() // heads)
+    return WindowPlan(main, wide_rows, wide)
+
+
+def _windows(k, v, key_padding_mask, heads, kv_rows, start, width, query_kv_rows, window_bsz):
+    """Windows of ``width`` from ``start`` in K/V rows ``kv_rows``; query row r
+    reads window ``query_kv_rows[r]`` (None: window r)."""
+    positions = start.unsqueeze(1) + torch.arange(width, device=k.device)
     padded = None
     if key_padding_mask is not None:
-        padded = key_padding_mask.repeat_interleave(heads, dim=0).index_select(0, value_rows)
+        padded = key_padding_mask.repeat_interleave(heads, dim=0).index_select(0, kv_rows)
         padded = padded.gather(1, positions)
-    return Windows(positions, padded, gather_windows(k, window_rows, start, width),
-                   gather_windows(v, window_rows, start, width), window_bsz)
+    keys = gather_windows(k, kv_rows, start, width)
+    values = gather_windows(v, kv_rows, start, width)
+    if query_kv_rows is not None:
+        positions = positions.index_select(0, query_kv_rows)
+        padded = None if padded is None else padded.index_select(0, query_kv_rows)
+    return Windows(positions, padded, keys, values, window_bsz)
 
 
 def band_windows(centre: Tensor, half_width: Tensor, src_len: int) -> Tuple[Tensor, Tensor]:
@@ -336,8 +371,24 @@ class FlexibleAttention(CachedProjectionAttention):
         src_len = k.size(1)
         centre = previous[:, 0].float()
         half = band_half_width(gates[:, 0], self.sigma, threshold)
-        windows = gather_ranges(self, k, v, key_padding_mask, *band_limits(centre, half, src_len),
-                                kv_bsz, bsz)
+        plan = gather_ranges(self, k, v, key_padding_mask, *band_limits(centre, half, src_len),
+                             kv_bsz, bsz)
+        out, centres, scored = self._band_attention(q, plan.main, previous, gates, centre, half)
+        if plan.wide is not None:
+            rows = plan.wide_rows
+            wide_out, wide_centres, wide_scored = self._band_attention(
+                q[rows], plan.wide, previous[rows], gates[rows], centre[rows], half[rows])
+            out = out.index_copy(0, rows, wide_out)
+            centres = centres.index_copy(0, rows, wide_centres)
+            scored = scored.index_copy(0, rows, wide_scored)
+        if self.cps.enabled:
+            available = unpadded_lengths(key_padding_mask, kv_bsz, src_len, q.device)
+            self.cps.add(scored, available.repeat_interleave(bsz // kv_bsz * self.num_heads))
+        return out, centres
+
+    def _band_attention(self, q, windows, previous, gates, centre, half):
+        """Penalised attention of query rows q over their windows, masked to
+        their bands: output, new centres and the band sizes (CPS)."""
         band = in_band(windows.positions, centre, half)
         if windows.padded is not None:
             band &= ~windows.padded
@@ -345,9 +396,7 @@ class FlexibleAttention(CachedProjectionAttention):
         positions = windows.positions.unsqueeze(1)
         probs = self._penalised_softmax(scores, previous, gates, band.unsqueeze(1), positions)
         out = self.weighted_values(self.dropout_module(probs), windows.values, windows.window_bsz)
-        available = unpadded_lengths(key_padding_mask, kv_bsz, src_len, q.device)
-        self.cps.add(band.sum(-1), available.repeat_interleave(bsz // kv_bsz * self.num_heads))
-        return out, self._centres(probs, positions)
+        return out, self._centres(probs, positions), band.sum(-1)
 
     def reorder_incremental_state(self, incremental_state, new_order: Tensor):
         super().reorder_incremental_state(incremental_state, new_order)

@@ -91,7 +91,20 @@ class LocalAttention(CachedProjectionAttention):
         # |s - p| <= D lies in [floor(p) - D, floor(p) + D + 1]
         low = (torch.floor(centre) - self.window).clamp(min=0)
         high = (torch.floor(centre) + self.window + 1).clamp(max=src_len - 1)
-        windows = gather_ranges(self, k, v, key_padding_mask, low, high, kv_bsz, bsz)
+        plan = gather_ranges(self, k, v, key_padding_mask, low, high, kv_bsz, bsz)
+        out, scored = self._window_attention(q, plan.main, centre)
+        if plan.wide is not None:
+            rows = plan.wide_rows
+            wide_out, wide_scored = self._window_attention(q[rows], plan.wide, centre[rows])
+            out = out.index_copy(0, rows, wide_out)
+            scored = scored.index_copy(0, rows, wide_scored)
+        if self.cps.enabled:
+            self.cps.add(scored, lengths.repeat_interleave(bsz // kv_bsz * self.num_heads))
+        return out
+
+    def _window_attention(self, q, windows, centre):
+        """Gaussian-weighted attention of query rows q over |s - p| <= D within
+        their windows: output and the positions scored (CPS)."""
         distance = windows.positions - centre.unsqueeze(1)
         inside = distance.abs() <= self.window
         if windows.padded is not None:
@@ -101,5 +114,4 @@ class LocalAttention(CachedProjectionAttention):
         probs = F.softmax(logits, dim=-1) * torch.exp(-distance.pow(2) / (2 * self.sigma ** 2))
         out = self.weighted_values(self.dropout_module(probs.type_as(q)).unsqueeze(1),
                                    windows.values, windows.window_bsz)
-        self.cps.add(inside.sum(-1), lengths.repeat_interleave(bsz // kv_bsz * self.num_heads))
-        return out
+        return out, inside.sum(-1)
