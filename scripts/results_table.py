@@ -173,7 +173,8 @@ def main(argv=None):
         speed = small.get(name, {})
         base_arch = base.get(name, {})
         arch_name = arch.split()[0]
-        mem = memory.get(arch_name, {})
+        # profiled per preset: rows with extra flags or switches are other models
+        mem = memory.get(arch_name, {}) if arch == arch_name else {}
         record = {
             "name": name, "arch": arch, "changes": what,
             "bleu_tok_lc": bleu and bleu.get("bleu_tok_lc"),
