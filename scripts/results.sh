@@ -89,12 +89,15 @@ bench() {  # output-name args...
   python "$REPO/scripts/benchmark_decoding.py" --json "$RESULTS/$out.json.tmp" \
     --markdown "$RESULTS/$out.md" "$@" >&2 && mv "$RESULTS/$out.json.tmp" "$RESULTS/$out.json"
 }
-MODELS=()
-for line in "${RUNS[@]}"; do
-  IFS=$'\t' read -r name _ <<< "$line"
-  [ -f "$WORK_DIR/runs/$name/checkpoint_avg.pt" ] && MODELS+=(--model "$name=$WORK_DIR/runs/$name/checkpoint_avg.pt")
-done
-[ -f "$WORK_DIR/runs/flexible_ft/checkpoint_avg.pt" ] && MODELS+=(--model "flexible_ft=$WORK_DIR/runs/flexible_ft/checkpoint_avg.pt")
+checkpoints() {  # run names -> "--model NAME=CHECKPOINT" for each one trained
+  local name
+  for name in "$@"; do
+    if [ -f "$WORK_DIR/runs/$name/checkpoint_avg.pt" ]; then
+      printf '%s\n' --model "$name=$WORK_DIR/runs/$name/checkpoint_avg.pt"
+    fi
+  done
+}
+mapfile -t MODELS < <(checkpoints $(printf '%s\n' "${RUNS[@]}" | cut -f1) flexible_ft)
 [ -f "$WORK_DIR/runs/cross_self/checkpoint_avg.pt" ] && MODELS+=(--model "fairseq_cross_self=$WORK_DIR/runs/cross_self/checkpoint_avg.pt" --override "fairseq_cross_self={'_name': 'transformer'}")
 # small preset, the trained checkpoints, the test set, beam 4, 20 output tokens for
 # every model: the cost of the mechanisms, not of how long each model's (short
@@ -104,10 +107,7 @@ bench speed_small --data "$WORK_DIR/data-bin" "${MODELS[@]}" --baseline soft --b
   --train-batches 6 --sublayer-times
 # the same trained checkpoints on 100-token sources (random tokens): trained
 # gates and centres, where skipping source positions can pay
-SKIPPING=()
-for name in soft local flexible flexible_ft hard; do
-  [ -f "$WORK_DIR/runs/$name/checkpoint_avg.pt" ] && SKIPPING+=(--model "$name=$WORK_DIR/runs/$name/checkpoint_avg.pt")
-done
+mapfile -t SKIPPING < <(checkpoints soft local flexible flexible_ft hard)
 bench speed_small_long_sources --data "$WORK_DIR/data-bin" "${SKIPPING[@]}" --baseline soft \
   --src-len 100 --num-sentences 128 --batch-size 64 --fixed-output-len 20 --beam 4 --reps 5 \
   --threads 1 --sublayer-times

@@ -130,6 +130,18 @@ class WindowPlan(NamedTuple):
     wide_rows: Optional[Tensor]
     wide: Optional[Windows]
 
+    def apply(self, attend, *per_row: Tensor) -> Tuple[Tensor, ...]:
+        """``attend(windows, *per_row)`` returns a tuple of per-row results; run
+        it on the main windows for every row, then on the wide rows' own
+        windows, whose results replace theirs."""
+        results = attend(self.main, *per_row)
+        if self.wide is None:
+            return results
+        rows = self.wide_rows
+        wide = attend(self.wide, *(tensor[rows] for tensor in per_row))
+        return tuple(result.index_copy(0, rows, row_result)
+                     for result, row_result in zip(results, wide))
+
 
 # a window per row costs about this many times a shared window of the same
 # width (a copy and a matrix product per hypothesis instead of per sentence)
@@ -179,8 +191,7 @@ def _windows(k, v, key_padding_mask, heads, kv_rows, start, width, query_kv_rows
     positions = start.unsqueeze(1) + torch.arange(width, device=k.device)
     padded = None
     if key_padding_mask is not None:
-        padded = key_padding_mask.repeat_interleave(heads, dim=0).index_select(0, kv_rows)
-        padded = padded.gather(1, positions)
+        padded = key_padding_mask.index_select(0, kv_rows // heads).gather(1, positions)
     keys = gather_windows(k, kv_rows, start, width)
     values = gather_windows(v, kv_rows, start, width)
     if query_kv_rows is not None:
@@ -373,20 +384,13 @@ class FlexibleAttention(CachedProjectionAttention):
         half = band_half_width(gates[:, 0], self.sigma, threshold)
         plan = gather_ranges(self, k, v, key_padding_mask, *band_limits(centre, half, src_len),
                              kv_bsz, bsz)
-        out, centres, scored = self._band_attention(q, plan.main, previous, gates, centre, half)
-        if plan.wide is not None:
-            rows = plan.wide_rows
-            wide_out, wide_centres, wide_scored = self._band_attention(
-                q[rows], plan.wide, previous[rows], gates[rows], centre[rows], half[rows])
-            out = out.index_copy(0, rows, wide_out)
-            centres = centres.index_copy(0, rows, wide_centres)
-            scored = scored.index_copy(0, rows, wide_scored)
+        out, centres, scored = plan.apply(self._band_attention, q, previous, gates, centre, half)
         if self.cps.enabled:
             available = unpadded_lengths(key_padding_mask, kv_bsz, src_len, q.device)
             self.cps.add(scored, available.repeat_interleave(bsz // kv_bsz * self.num_heads))
         return out, centres
 
-    def _band_attention(self, q, windows, previous, gates, centre, half):
+    def _band_attention(self, windows, q, previous, gates, centre, half):
         """Penalised attention of query rows q over their windows, masked to
         their bands: output, new centres and the band sizes (CPS)."""
         band = in_band(windows.positions, centre, half)

@@ -92,17 +92,12 @@ class LocalAttention(CachedProjectionAttention):
         low = (torch.floor(centre) - self.window).clamp(min=0)
         high = (torch.floor(centre) + self.window + 1).clamp(max=src_len - 1)
         plan = gather_ranges(self, k, v, key_padding_mask, low, high, kv_bsz, bsz)
-        out, scored = self._window_attention(q, plan.main, centre)
-        if plan.wide is not None:
-            rows = plan.wide_rows
-            wide_out, wide_scored = self._window_attention(q[rows], plan.wide, centre[rows])
-            out = out.index_copy(0, rows, wide_out)
-            scored = scored.index_copy(0, rows, wide_scored)
+        out, scored = plan.apply(self._window_attention, q, centre)
         if self.cps.enabled:
             self.cps.add(scored, lengths.repeat_interleave(bsz // kv_bsz * self.num_heads))
         return out
 
-    def _window_attention(self, q, windows, centre):
+    def _window_attention(self, windows, q, centre):
         """Gaussian-weighted attention of query rows q over |s - p| <= D within
         their windows: output and the positions scored (CPS)."""
         distance = windows.positions - centre.unsqueeze(1)
