@@ -47,18 +47,23 @@ for line in "${RUNS[@]}"; do
   while [ "$(jobs -rp | wc -l)" -ge "$PARALLEL" ]; do wait -n; done
 done
 wait
-# flexible attention + fine-tuning with the gate loss (one epoch, beta 0.1)
-if selected flexible_ft && [ -f "$WORK_DIR/runs/flexible/checkpoint_avg.pt" ]; then
-  # a fixed lr of 1e-3, no warmup: Adam moves the gates ~lr per step
-  EPOCHS=1 AVERAGE_LAST=1 LR_SCHEDULER=fixed bash "$M30K/train.sh" "$WORK_DIR" flexible_ft \
-    transformer_flexible_small --finetune-from-model "$WORK_DIR/runs/flexible/checkpoint_avg.pt" \
-    --criterion label_smoothed_cross_entropy_with_gate --gate-beta 0.1 --lr 0.001
-fi
+# one more epoch at a fixed lr of 1e-3, no warmup (Adam moves the gates ~lr per
+# step): flexible attention fine-tuned with the gate loss (beta 0.1), and the
+# soft baseline given the same epoch (plain loss) as its control
+finetune() {  # name from arch [flags]
+  local name=$1 from=$2 arch=$3; shift 3
+  if selected "$name" && [ -f "$WORK_DIR/runs/$from/checkpoint_avg.pt" ]; then
+    EPOCHS=1 AVERAGE_LAST=1 LR_SCHEDULER=fixed bash "$M30K/train.sh" "$WORK_DIR" "$name" "$arch" \
+      --finetune-from-model "$WORK_DIR/runs/$from/checkpoint_avg.pt" --lr 0.001 "$@"
+  fi
+}
+finetune flexible_ft flexible transformer_flexible_small \
+  --criterion label_smoothed_cross_entropy_with_gate --gate-beta 0.1
+finetune soft_ft soft transformer_soft_small
 
 # --- test2016 BLEU ------------------------------------------------------------
 evaluate() { bash "$M30K/evaluate.sh" "$DATA_DIR" "$WORK_DIR" "$@" > /dev/null; }
-for line in "${RUNS[@]}"; do
-  IFS=$'\t' read -r name _ <<< "$line"
+for name in $(printf '%s\n' "${RUNS[@]}" | cut -f1) soft_ft; do
   [ -f "$WORK_DIR/runs/$name/checkpoint_avg.pt" ] && evaluate "$name" "$name"
 done
 [ -f "$WORK_DIR/runs/soft/checkpoint_avg.pt" ] && evaluate soft soft_decoded_hard --model-overrides "$HARD_KINDS"
@@ -128,6 +133,13 @@ bench speed_base_long_sources --arch soft=hard_retrieval_transformer \
   --override "flexible={'flexible_mean_source_length': 100.0}" --arch hard=transformer_hard_dec \
   --vocab 10000 --src-len 100 --num-sentences 64 --batch-size 32 --fixed-output-len 20 \
   --baseline soft --beam 4 --reps 5 --threads 1 --sublayer-times
+# Base dims, 200-token sources and 40 output tokens: the per-step cost of
+# cross-attention grows with the source for soft attention, not for the bands
+bench speed_base_200_token_sources --arch soft=hard_retrieval_transformer \
+  --arch local=transformer_local --arch flexible=transformer_flexible \
+  --override "flexible={'flexible_mean_source_length': 200.0}" --arch hard=transformer_hard_dec \
+  --vocab 10000 --src-len 200 --num-sentences 32 --batch-size 32 --fixed-output-len 40 \
+  --baseline soft --beam 4 --reps 3 --threads 1 --sublayer-times
 # Base dims, 60 output tokens: self-attention's cost grows with the target
 # prefix, the average attention network's does not
 bench speed_base_long_outputs --data "$WORK_DIR/data-bin" --arch soft=hard_retrieval_transformer \
@@ -135,6 +147,10 @@ bench speed_base_long_outputs --data "$WORK_DIR/data-bin" --arch soft=hard_retri
   --override "aan_no_ffn={'aan_ffn_dim': 0}" --arch cross_self=transformer_cross_self \
   --arch hard=transformer_hard_dec --baseline soft --beam 4 --batch-size 64 --max-sentences 64 \
   --fixed-output-len 60 --reps 3 --threads 1 --sublayer-times
+# one decoding step of cross-attention alone, per mechanism (Base dims)
+[ -s "$RESULTS/attention_step_costs.json" ] || python "$REPO/scripts/attention_step_costs.py" \
+  --src-len 50 100 200 400 --reps 15 --threads 1 --json "$RESULTS/attention_step_costs.json" \
+  --markdown "$RESULTS/attention_step_costs.md" >&2
 [ -s "$RESULTS/op_costs_cpu.json" ] || python "$REPO/scripts/op_costs.py" --threads 1 \
   --json "$RESULTS/op_costs_cpu.json" --markdown "$RESULTS/op_costs_cpu.md" >&2
 [ -s "$RESULTS/memory.json" ] || python "$REPO/scripts/memory_profile.py" \
@@ -151,7 +167,7 @@ bench speed_base_long_outputs --data "$WORK_DIR/data-bin" --arch soft=hard_retri
 if [ -f "$WORK_DIR/runs/flexible_ft/checkpoint_avg.pt" ] && [ ! -s "$RESULTS/bleu_vs_cps.json" ]; then
   python "$REPO/scripts/bleu_vs_cps.py" --data "$WORK_DIR/data-bin" \
     --checkpoint "$WORK_DIR/runs/flexible_ft/checkpoint_avg.pt" \
-    --tok-ref "$DATA_DIR/tok/test_2016_flickr.de" --thresholds 0.1 0.25 0.5 1 auto 2 4 inf \
+    --tok-ref "$DATA_DIR/tok/test_2016_flickr.de" --thresholds 0.1 0.25 0.5 0.75 1 auto 2 4 inf \
     --label "flexible + fine-tuning" --out "$RESULTS/bleu_vs_cps.png" --json "$RESULTS/bleu_vs_cps.json" >&2
 fi
 for run in soft hard flexible_ft; do

@@ -13,6 +13,7 @@ p_t (``gather_ranges``: one window per sentence and head, shared by its
 hypotheses) and scores only those.
 """
 
+from functools import partial
 from typing import Optional, Tuple
 
 import torch
@@ -20,7 +21,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .cached_projection import CachedProjectionAttention
-from .flexible_attention import CpsCounter, first_key_positions, gather_ranges, unpadded_lengths
+from .flexible_attention import (CpsCounter, fast_tanh, first_key_positions, gather_ranges,
+                                 unpadded_lengths, weighted_window_values)
 
 
 class LocalAttention(CachedProjectionAttention):
@@ -51,7 +53,7 @@ class LocalAttention(CachedProjectionAttention):
 
     def centres(self, query: Tensor, starts: Tensor, lengths: Tensor, bsz: int) -> Tensor:
         """Absolute predicted centres (bsz*heads, tgt_len)."""
-        relative = torch.sigmoid(self.centre_out(torch.tanh(self.centre_hidden(query))))
+        relative = torch.sigmoid(self.centre_out(fast_tanh(self.centre_hidden(query))))
         relative = relative.permute(1, 2, 0).reshape(bsz * self.num_heads, -1).float()
         return starts.unsqueeze(1) + lengths.unsqueeze(1) * relative
 
@@ -92,12 +94,12 @@ class LocalAttention(CachedProjectionAttention):
         low = (torch.floor(centre) - self.window).clamp(min=0)
         high = (torch.floor(centre) + self.window + 1).clamp(max=src_len - 1)
         plan = gather_ranges(self, k, v, key_padding_mask, low, high, kv_bsz, bsz)
-        out, scored = plan.apply(self._window_attention, q, centre)
+        out, scored = plan.apply(partial(self._window_attention, v=v), q, centre)
         if self.cps.enabled:
             self.cps.add(scored, lengths.repeat_interleave(bsz // kv_bsz * self.num_heads))
         return out
 
-    def _window_attention(self, windows, q, centre):
+    def _window_attention(self, windows, q, centre, v):
         """Gaussian-weighted attention of query rows q over |s - p| <= D within
         their windows: output and the positions scored (CPS)."""
         distance = windows.positions - centre.unsqueeze(1)
@@ -107,6 +109,5 @@ class LocalAttention(CachedProjectionAttention):
         scores = self.attention_scores(q, windows.keys, windows.window_bsz).squeeze(1)
         logits = scores.float().masked_fill(~inside, float("-inf"))
         probs = F.softmax(logits, dim=-1) * torch.exp(-distance.pow(2) / (2 * self.sigma ** 2))
-        out = self.weighted_values(self.dropout_module(probs.type_as(q)).unsqueeze(1),
-                                   windows.values, windows.window_bsz)
+        out = weighted_window_values(probs, windows, v)  # decoding: no dropout
         return out, inside.sum(-1)
