@@ -140,6 +140,13 @@ bench speed_base_200_token_sources --arch soft=hard_retrieval_transformer \
   --override "flexible={'flexible_mean_source_length': 200.0}" --arch hard=transformer_hard_dec \
   --vocab 10000 --src-len 200 --num-sentences 32 --batch-size 32 --fixed-output-len 40 \
   --baseline soft --beam 4 --reps 3 --threads 1 --sublayer-times
+# the same sources translated to 160 tokens: outputs as long as translations of
+# such sources are, so the per-step cost outweighs caching the encoder states
+bench speed_base_200_token_sources_160_outputs --arch soft=hard_retrieval_transformer \
+  --arch local=transformer_local --arch flexible=transformer_flexible \
+  --override "flexible={'flexible_mean_source_length': 200.0}" \
+  --vocab 10000 --src-len 200 --num-sentences 32 --batch-size 32 --fixed-output-len 160 \
+  --baseline soft --beam 4 --reps 3 --threads 1 --sublayer-times
 # Base dims, 60 output tokens: self-attention's cost grows with the target
 # prefix, the average attention network's does not
 bench speed_base_long_outputs --data "$WORK_DIR/data-bin" --arch soft=hard_retrieval_transformer \

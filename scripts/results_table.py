@@ -132,6 +132,7 @@ FILES = {  # what each output of scripts/results.sh shows
     "speed_small_long_sources": "small preset, the trained checkpoints, 100-token sources",
     "speed_base_long_sources": "Base dims, 100-token sources: where skipping source positions pays",
     "speed_base_200_token_sources": "Base dims, 200-token sources, 40 output tokens",
+    "speed_base_200_token_sources_160_outputs": "Base dims, 200-token sources, 160 output tokens",
     "attention_step_costs": "one decoding step of cross-attention alone, per mechanism, Base dims",
     "speed_base_long_outputs": "Base dims, 60 output tokens: where a constant-cost decoder step pays",
     "op_costs_cpu": "per-operation costs of one decoding step (the hard-attention paper's Table 2)",
