@@ -89,6 +89,15 @@ def test_band_is_exactly_the_positions_whose_penalty_is_below_tau(beam, far_apar
     torch.testing.assert_close(out, attn.out_proj(manual))
 
 
+def test_fast_tanh_is_tanh_and_keeps_its_gradient():
+    x = torch.linspace(-30, 30, 1001)
+    with torch.no_grad():
+        assert torch.allclose(flexible_attention.fast_tanh(x), torch.tanh(x), atol=1e-6)
+    x.requires_grad_(True)
+    flexible_attention.fast_tanh(x).sum().backward()
+    assert torch.allclose(x.grad, 1 - torch.tanh(x.detach()) ** 2, atol=1e-6)
+
+
 def test_infinite_threshold_scores_everything_and_matches_full_forward():
     torch.manual_seed(0)
     attn = FlexibleAttention(EMBED, HEADS, encoder_decoder_attention=True,

@@ -62,6 +62,23 @@ def test_benchmark_random_weights_side_by_side(tmp_path):
     assert "[benchmark]" in proc.stderr  # progress
 
 
+def test_attention_step_costs_side_by_side(tmp_path):
+    out = tmp_path / "steps.json"
+    script("attention_step_costs.py", "--src-len", 12, 30, "--embed-dim", 32, "--heads", 4,
+           "--batch", 3, "--beam", 2, "--steps", 4, "--reps", 1, "--threshold", 0.5,
+           "--json", out, "--markdown", tmp_path / "steps.md")
+    rows = json.loads(out.read_text())["results"]
+    assert [(r["src_len"], r["mechanism"]) for r in rows] == [
+        (n, m) for n in (12, 30) for m in ("soft", "hard", "local", "flexible")]
+    for r in rows:
+        assert r["step_us"] > 0 and r["first_step_us"] > 0
+        if r["mechanism"] == "soft":
+            assert r["ratio"] == 1.0
+        if r["mechanism"] in ("local", "flexible"):  # the bands skip part of the source
+            assert 0 < r["cps"] < r["global_cps"] == r["src_len"]
+    assert "| 30 | flexible (tau 0.50) |" in (tmp_path / "steps.md").read_text()
+
+
 def test_benchmark_trained_checkpoints_on_the_test_set(trained_checkpoints, reorder_data, tmp_path):
     out = tmp_path / "bench.json"
     script("benchmark_decoding.py", "--data", reorder_data,

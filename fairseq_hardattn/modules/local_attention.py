@@ -8,9 +8,10 @@ softmax weights inside it are multiplied by exp(-(s - p_t)² / (2σ²)), σ = D/
 (outside the softmax, as in Luong et al.; they do not sum to 1).
 
 Training scores everything and masks the rest (the gradient reaches p_t
-through the Gaussian); decoding gathers the 2D+2 candidate K/V rows around
-p_t (``gather_ranges``: one window per sentence and head, shared by its
-hypotheses) and scores only those.
+through the Gaussian); decoding gathers the keys of the 2D+2 candidate
+positions around p_t (``gather_ranges``: one window per sentence and head,
+shared by its hypotheses), scores only those and sums their values where they
+lie in the cache (``weighted_window_values``).
 """
 
 from functools import partial
