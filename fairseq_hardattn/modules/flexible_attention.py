@@ -173,11 +173,11 @@ class WindowPlan(NamedTuple):
 PER_ROW_COST = 2
 
 
-def gather_ranges(attn, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor],
+def gather_ranges(attn, k: Tensor, key_padding_mask: Optional[Tensor],
                   low: Tensor, high: Tensor, kv_bsz: int, bsz: int) -> WindowPlan:
-    """Gather the K/V rows of positions [low, high] (inclusive, within the
-    source; one range per query row, rows ordered sentence, hypothesis, head)
-    of ``attn``'s cache.
+    """Windows of ``attn``'s cache holding positions [low, high] (inclusive,
+    within the source; one range per query row, rows ordered sentence,
+    hypothesis, head): keys gathered, values located (``Windows``).
 
     A beam's hypotheses share their sentence's K/V rows (fairseq's beamable
     encoder-decoder attention), so they share one window too, covering all
@@ -199,20 +199,21 @@ def gather_ranges(attn, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor]
     work = groups * widths + PER_ROW_COST * wider * widths[-1]
     width = int(widths[int(work.argmin())])  # one sync per step, to size the windows
     start = group_low.clamp(max=src_len - width).long()
-    main = _windows(k, v, key_padding_mask, heads, torch.arange(groups, device=k.device), start,
+    main = _windows(k, key_padding_mask, heads, torch.arange(groups, device=k.device), start,
                     width, value_rows, kv_bsz)
     wide_rows = (group_width > width).index_select(0, value_rows).nonzero().squeeze(1)
     if wide_rows.numel() == 0:
         return WindowPlan(main, None, None)
     row_start, row_width = window_starts(low[wide_rows], high[wide_rows], src_len)
-    wide = _windows(k, v, key_padding_mask, heads, value_rows[wide_rows], row_start, row_width,
+    wide = _windows(k, key_padding_mask, heads, value_rows[wide_rows], row_start, row_width,
                     None, wide_rows.numel() // heads)
     return WindowPlan(main, wide_rows, wide)
 
 
-def _windows(k, v, key_padding_mask, heads, kv_rows, start, width, query_kv_rows, window_bsz):
-    """Windows of ``width`` from ``start`` in K/V rows ``kv_rows``; query row r
-    reads window ``query_kv_rows[r]`` (None: window r)."""
+def _windows(k, key_padding_mask, heads, kv_rows, start, width, query_kv_rows, window_bsz):
+    """Windows of ``width`` from ``start`` in K/V rows ``kv_rows`` (keys
+    gathered, values located); query row r reads window ``query_kv_rows[r]``
+    (None: window r)."""
     positions = start.unsqueeze(1) + torch.arange(width, device=k.device)
     padded = None
     if key_padding_mask is not None:
@@ -405,12 +406,13 @@ class FlexibleAttention(CachedProjectionAttention):
         return self.merge_heads(out, probs.size(1), bsz), weights
 
     def _banded_step(self, q, k, v, key_padding_mask, kv_bsz, bsz, previous, gates, threshold):
-        """Score only the bands: gathered windows of K/V rows (``gather_ranges``)."""
+        """Score only the bands: gathered windows of keys (``gather_ranges``),
+        values summed where they lie (``weighted_window_values``)."""
         src_len = k.size(1)
         centre = previous[:, 0].float()
         gate = gates[:, 0].float()
         low, high = band_limits(centre, band_half_width(gate, self.sigma, threshold), src_len)
-        plan = gather_ranges(self, k, v, key_padding_mask, low, high, kv_bsz, bsz)
+        plan = gather_ranges(self, k, key_padding_mask, low, high, kv_bsz, bsz)
         out, centres, scored = plan.apply(partial(self._band_attention, v=v), q, centre, gate,
                                           low, high)
         if self.cps.enabled:

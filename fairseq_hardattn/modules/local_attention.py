@@ -15,7 +15,7 @@ lie in the cache (``weighted_window_values``).
 """
 
 from functools import partial
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -88,13 +88,14 @@ class LocalAttention(CachedProjectionAttention):
         return self.merge_heads(out, tgt_len, bsz), weights
 
     def _window_step(self, q, k, v, key_padding_mask, kv_bsz, bsz, centres, lengths):
-        """Score only the windows: gathered K/V rows (``gather_ranges``)."""
+        """Score only the windows: gathered keys (``gather_ranges``), values
+        summed where they lie (``weighted_window_values``)."""
         src_len = k.size(1)
         centre = centres[:, -1]
         # |s - p| <= D lies in [floor(p) - D, floor(p) + D + 1]
         low = (torch.floor(centre) - self.window).clamp(min=0)
         high = (torch.floor(centre) + self.window + 1).clamp(max=src_len - 1)
-        plan = gather_ranges(self, k, v, key_padding_mask, low, high, kv_bsz, bsz)
+        plan = gather_ranges(self, k, key_padding_mask, low, high, kv_bsz, bsz)
         out, scored = plan.apply(partial(self._window_attention, v=v), q, centre)
         if self.cps.enabled:
             self.cps.add(scored, lengths.repeat_interleave(bsz // kv_bsz * self.num_heads))
