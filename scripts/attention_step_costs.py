@@ -20,6 +20,7 @@ Example (Transformer Base dims, 100-token sources, beam 4):
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -96,8 +97,8 @@ def median(values):
 
 
 def run(args, src_len):
-    threshold = args.threshold if args.threshold is not None else torch.log10(
-        torch.tensor(float(src_len))).item()  # the paper's rule, S̄ = src_len
+    # the paper's rule, S̄ = src_len
+    threshold = args.threshold if args.threshold is not None else math.log10(src_len)
     torch.manual_seed(args.seed)
     modules = {m: build(m, args, threshold) for m in args.mechanisms}
     encoder, queries = decoding_inputs(args, src_len, args.seed)

@@ -72,21 +72,21 @@ def band_half_width(gates: Tensor, sigma: float, threshold: float) -> Tensor:
     return sigma * torch.sqrt(2.0 * threshold / gates.float().clamp(min=1e-6))
 
 
-def in_band(positions: Tensor, centres: Tensor, half_width: Tensor) -> Tensor:
-    """Positions (..., W) whose penalty is below τ, plus the one nearest the
-    centre; centres and half_width (...)."""
-    centres = centres.float().unsqueeze(-1)
-    nearest = positions == torch.round(centres)
-    return ((positions - centres).abs() < half_width.unsqueeze(-1)) | nearest
-
-
 def band_limits(centre: Tensor, half_width: Tensor, src_len: int) -> Tuple[Tensor, Tensor]:
-    """First and last position (inclusive) of each row's band, clipped to the
-    source; the band always holds the position nearest the centre."""
+    """First and last position (inclusive) of each row's band: the integer
+    positions s with |s - centre| < half_width (penalty below τ), plus the one
+    nearest the centre, clipped to the source."""
     nearest = torch.round(centre)
     low = torch.minimum(torch.floor(centre - half_width) + 1, nearest).clamp(min=0)
     high = torch.maximum(torch.ceil(centre + half_width) - 1, nearest).clamp(max=src_len - 1)
     return low, high
+
+
+def in_band(positions: Tensor, low: Tensor, high: Tensor) -> Tensor:
+    """Positions (..., W) within their row's band [low, high] (``band_limits``,
+    shaped (...)): the one definition of the band that training's exact
+    recurrence, decoding and the LSTM path share."""
+    return (positions >= low.unsqueeze(-1)) & (positions <= high.unsqueeze(-1))
 
 
 def window_starts(low: Tensor, high: Tensor, src_len: int) -> Tuple[Tensor, int]:
@@ -169,7 +169,7 @@ class WindowPlan(NamedTuple):
 
 
 # a window per row costs about this many times a shared window of the same
-# width (a copy and a matrix product per hypothesis instead of per sentence)
+# width (a key copy and a score product per hypothesis instead of per sentence)
 PER_ROW_COST = 2
 
 
@@ -230,8 +230,9 @@ def _windows(k, key_padding_mask, heads, kv_rows, start, width, query_kv_rows, w
 def band_windows(centre: Tensor, half_width: Tensor, src_len: int) -> Tuple[Tensor, Tensor]:
     """One window per row holding its band: positions (N, W) and whether each
     lies in the row's band."""
-    positions = covering_windows(*band_limits(centre, half_width, src_len), src_len)
-    return positions, in_band(positions, centre, half_width)
+    low, high = band_limits(centre, half_width, src_len)
+    positions = covering_windows(low, high, src_len)
+    return positions, in_band(positions, low, high)
 
 
 def masked_mean_gate(gates, target_mask: Tensor) -> Tensor:
@@ -372,14 +373,15 @@ class FlexibleAttention(CachedProjectionAttention):
     def _recurrent_probs(self, scores, gates, starts, threshold):
         """The exact recurrence decoding runs, one target position after the
         other, on precomputed scores (evaluation, or ``train_passes=0``)."""
-        positions = torch.arange(scores.size(-1), device=scores.device)
+        src_len = scores.size(-1)
+        positions = torch.arange(src_len, device=scores.device)
         previous = starts.unsqueeze(1)
         steps = []
         for t in range(scores.size(1)):
             band = None
             if threshold is not None:
-                band = in_band(positions.float(), previous,
-                               band_half_width(gates[:, t:t + 1], self.sigma, threshold))
+                half = band_half_width(gates[:, t:t + 1], self.sigma, threshold)
+                band = in_band(positions, *band_limits(previous.float(), half, src_len))
             probs = self._penalised_softmax(scores[:, t:t + 1], previous, gates[:, t:t + 1], band)
             previous = self._centres(probs)
             steps.append(probs)
@@ -425,17 +427,17 @@ class FlexibleAttention(CachedProjectionAttention):
         their bands [low, high] (``band_limits``: exactly the positions whose
         penalty is below τ): output, new centres and the band sizes (CPS)."""
         positions = windows.positions
-        outside = (positions < low.unsqueeze(1)) | (positions > high.unsqueeze(1))
+        band = in_band(positions, low, high)
         if windows.padded is not None:
-            outside |= windows.padded
+            band &= ~windows.padded
         scores = self.attention_scores(q, windows.keys, windows.window_bsz)[:, 0].float()
         distance = positions - centre.unsqueeze(1)
         # scores - g (s - p)² / (2σ²), in float32
         logits = torch.addcmul(scores, distance.square(), gate.unsqueeze(1),
                                value=-0.5 / self.sigma ** 2)
-        probs = F.softmax(logits.masked_fill_(outside, float("-inf")), dim=-1)
+        probs = F.softmax(logits.masked_fill_(~band, float("-inf")), dim=-1)
         out = weighted_window_values(probs, windows, v)  # decoding: no dropout
-        return out, (probs * positions).sum(-1), positions.size(1) - outside.sum(-1)
+        return out, (probs * positions).sum(-1), band.sum(-1)
 
     def reorder_incremental_state(self, incremental_state, new_order: Tensor):
         super().reorder_incremental_state(incremental_state, new_order)
