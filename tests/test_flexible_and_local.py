@@ -125,17 +125,51 @@ def test_centre_state_is_reordered_for_beam_search():
     assert torch.equal(after, before[[2, 2, 0]])
 
 
-def test_exact_recurrence_in_training_matches_decoding():
+@pytest.mark.parametrize("threshold", [None, 0.3])
+def test_exact_recurrence_in_training_matches_decoding(threshold):
+    # train_passes=0: training runs decoding's recurrence; with a threshold
+    # and train_threshold it also attends within the same bands as decoding
     torch.manual_seed(0)
-    attn = FlexibleAttention(EMBED, HEADS, encoder_decoder_attention=True,
-                             train_passes=0).double()
-    key = torch.randn(7, 2, EMBED, dtype=torch.float64)
+    attn = FlexibleAttention(EMBED, HEADS, encoder_decoder_attention=True, threshold=threshold,
+                             train_passes=0, train_threshold=threshold is not None).double()
+    key = torch.randn(11, 2, EMBED, dtype=torch.float64)
     queries = torch.randn(5, 2, EMBED, dtype=torch.float64)
     trained, _ = attn.train()(queries, key, key, static_kv=True)
     attn.eval()
     state = {}
     steps = [one_step(attn, queries[t:t + 1], key, state=state)[0] for t in range(5)]
     torch.testing.assert_close(torch.cat(steps), trained)
+    if threshold is not None:  # without train_threshold, training attends everywhere
+        attn.train_threshold = False
+        unbanded, _ = attn.train()(queries, key, key, static_kv=True)
+        assert not torch.allclose(unbanded, trained)
+
+
+def test_parallel_training_under_a_tiny_threshold_attends_to_one_position():
+    # the refinement passes too: a band of only the position nearest each
+    # estimated centre leaves one-hot attention, with gradients still flowing
+    torch.manual_seed(0)
+    attn = FlexibleAttention(EMBED, HEADS, encoder_decoder_attention=True, threshold=1e-6,
+                             train_threshold=True).train()
+    key = torch.randn(9, 3, EMBED)
+    queries = torch.randn(4, 3, EMBED, requires_grad=True)
+    out, weights = attn(queries, key, key, static_kv=True, need_weights=True,
+                        need_head_weights=True)
+    assert torch.equal(weights.amax(-1), torch.ones_like(weights.amax(-1)))
+    out.sum().backward()
+    assert queries.grad is not None and attn.v_proj.weight.grad.abs().sum() > 0
+    attn.train_threshold = False
+    _, spread = attn(queries, key, key, static_kv=True, need_weights=True, need_head_weights=True)
+    assert spread.amax(-1).min() < 1
+
+
+def test_training_threshold_needs_a_finite_threshold_to_train_not_to_decode():
+    model = build_model("transformer_flexible", flexible_threshold="inf",
+                        flexible_train_threshold=True)
+    src, lengths, prev = random_batch(model.encoder.dictionary, [5, 3])
+    model.eval()(src, lengths, prev)  # decoding a band-trained model with tau = inf
+    with pytest.raises(ConfigError, match="--flexible-train-threshold needs a finite"):
+        model.train()(src, lengths, prev)
 
 
 @pytest.mark.parametrize("beam, far_apart", [(1, False), (2, False), (2, True)])

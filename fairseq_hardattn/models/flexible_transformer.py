@@ -74,7 +74,8 @@ class WindowedAttentionDecoderLayer(AttentionKindDecoderLayer):
     def cross_attention_options(self, kind, cfg):
         if kind is FlexibleAttention:
             return dict(sigma=cfg.flexible_sigma, threshold=resolve_threshold(cfg),
-                        train_passes=cfg.flexible_train_passes)
+                        train_passes=cfg.flexible_train_passes,
+                        train_threshold=cfg.flexible_train_threshold)
         return dict(window=cfg.local_window)
 
 
@@ -191,6 +192,10 @@ class FlexibleTransformerModel(FlexibleAttentionOptions, HardRetrievalTransforme
         parser.add_argument("--flexible-train-passes", type=int, metavar="N",
                             help="penalised passes estimating p_{t-1} in training "
                                  "(0: the exact step-by-step recurrence)")
+        parser.add_argument("--flexible-train-threshold", action="store_true",
+                            help="attend only within the band of --flexible-threshold in "
+                                 "training too (e.g. to fine-tune for the positions "
+                                 "decoding skips); the paper trains without it")
         parser.add_argument("--local-window", type=int, metavar="D",
                             help="local attention window: 2D+1 positions")
 
@@ -217,7 +222,8 @@ class FlexibleTransformerModel(FlexibleAttentionOptions, HardRetrievalTransforme
 
 def windowed_base(args):
     set_defaults(args, flexible_sigma=3.0, flexible_threshold="auto",
-                 flexible_train_passes=2, local_window=10, print_cps=False)
+                 flexible_train_passes=2, flexible_train_threshold=False, local_window=10,
+                 print_cps=False)
 
 
 def flexible_kind(args):

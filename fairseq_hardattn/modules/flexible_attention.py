@@ -28,6 +28,11 @@ exact recurrence, so it scores the model that decoding runs. Decoding keeps
 the real previous centre in incremental state under its own key, reordered
 for beam search (fairseq's encoder-decoder attention skips reordering its own
 buffer).
+
+``train_threshold``: apply τ's band in training too (each pass attends only
+within the band around its estimate of p_{t-1}). The paper trains and
+fine-tunes without it; with it, fine-tuning adapts the model to the
+positions decoding will skip.
 """
 
 import math
@@ -38,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..errors import ConfigError
 from .cached_projection import CachedProjectionAttention
 from .hard_retrieval_attention import retrieve
 
@@ -276,8 +282,8 @@ class FlexibleAttention(CachedProjectionAttention):
     """Drop-in for fairseq's encoder-decoder ``MultiheadAttention``.
 
     Extra args: ``sigma`` (σ of the penalty); ``threshold`` (τ; None or inf:
-    no band); ``train_passes`` (see module doc); ``gate_dim`` (hidden size of
-    the gate network, default embed_dim).
+    no band); ``train_passes`` and ``train_threshold`` (see module doc);
+    ``gate_dim`` (hidden size of the gate network, default embed_dim).
     """
 
     new_parameter_prefixes = ("gate_",)
@@ -285,7 +291,7 @@ class FlexibleAttention(CachedProjectionAttention):
 
     def __init__(self, embed_dim, num_heads, *args, sigma: float = 3.0,
                  threshold: Optional[float] = None, train_passes: int = 2,
-                 gate_dim: Optional[int] = None, **kwargs):
+                 train_threshold: bool = False, gate_dim: Optional[int] = None, **kwargs):
         super().__init__(embed_dim, num_heads, *args, **kwargs)
         if not self.encoder_decoder_attention:
             raise ValueError("flexible attention replaces decoder cross-attention only")
@@ -298,6 +304,7 @@ class FlexibleAttention(CachedProjectionAttention):
         self.sigma = sigma
         self.threshold = None if threshold is None or math.isinf(threshold) else threshold
         self.train_passes = train_passes
+        self.train_threshold = train_threshold
         gate_dim = gate_dim or embed_dim
         self.gate_hidden = nn.Linear(embed_dim, gate_dim)  # W_g, b_g
         self.gate_out = nn.Linear(gate_dim, num_heads, bias=False)  # v_g, one per head
@@ -324,7 +331,11 @@ class FlexibleAttention(CachedProjectionAttention):
         gates = self.gates(query)
         self.last_gates = gates  # read by the fine-tuning criterion after forward
         gates = gates.permute(1, 2, 0).reshape(bsz * self.num_heads, tgt_len)
-        threshold = None if self.training else self.threshold
+        threshold = self.threshold if self.train_threshold or not self.training else None
+        if self.training and self.train_threshold and threshold is None:
+            # checked here, not when building: decoding such a model with τ = ∞ is fine
+            raise ConfigError("--flexible-train-threshold needs a finite --flexible-threshold "
+                              "(a number or 'auto'): with 'inf' there is no band to train in")
 
         def starts():  # each row's first unpadded key position: the first centre
             first = first_key_positions(key_padding_mask, kv_bsz, q.device)
@@ -357,17 +368,22 @@ class FlexibleAttention(CachedProjectionAttention):
         if before_softmax:
             return scores, v
         if self.training and self.train_passes > 0:
-            probs = self._refined_probs(scores, gates, starts())
+            probs = self._refined_probs(scores, gates, starts(), threshold)
         else:
             probs = self._recurrent_probs(scores, gates, starts(), threshold)
         return self._attend(probs, v, kv_bsz, bsz, need_weights, need_head_weights)
 
-    def _refined_probs(self, scores, gates, starts):
-        """Training, in parallel: p_{t-1} from the previous pass's centres."""
+    def _refined_probs(self, scores, gates, starts, threshold):
+        """Training, in parallel: p_{t-1} from the previous pass's centres
+        (with a threshold: attending within each estimate's band)."""
+        src_len = scores.size(-1)
+        positions = torch.arange(src_len, device=scores.device)
+        half = None if threshold is None else band_half_width(gates, self.sigma, threshold)
         probs = F.softmax(scores.float(), dim=-1).type_as(scores)  # unpenalised pass
         for _ in range(self.train_passes):
             shifted = torch.cat([starts.unsqueeze(1), self._centres(probs)[:, :-1]], dim=1)
-            probs = self._penalised_softmax(scores, shifted, gates)
+            band = None if half is None else in_band(positions, *band_limits(shifted, half, src_len))
+            probs = self._penalised_softmax(scores, shifted, gates, band, positions)
         return probs
 
     def _recurrent_probs(self, scores, gates, starts, threshold):
