@@ -49,7 +49,8 @@ def build(mechanism, args, threshold):
     elif mechanism == "local":
         module = LocalAttention(args.embed_dim, args.heads, window=args.window, **kwargs)
     else:
-        module = FlexibleAttention(args.embed_dim, args.heads, threshold=threshold, **kwargs)
+        module = FlexibleAttention(args.embed_dim, args.heads, sigma=args.sigma,
+                                   threshold=threshold, **kwargs)
     module.set_beam_size(args.beam)  # fairseq's generator does this for the model
     return module.eval()
 
@@ -147,6 +148,7 @@ def main(argv=None):
                    help="noise between a sentence's hypotheses' queries")
     p.add_argument("--threshold", type=float, default=None,
                    help="flexible attention's tau (default: the paper's rule, log10 of src-len)")
+    p.add_argument("--sigma", type=float, default=3.0, help="flexible attention's σ")
     p.add_argument("--window", type=int, default=10, help="local attention's D")
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--threads", type=int, default=1)
@@ -161,6 +163,8 @@ def main(argv=None):
         p.error(f"--embed-dim {args.embed_dim} is not divisible by --heads {args.heads}")
     if min(args.src_len) < 1:
         p.error("--src-len must be >= 1")
+    if not args.sigma > 0:
+        p.error(f"--sigma must be > 0, got {args.sigma}")
     torch.set_num_threads(args.threads)
     results = []
     lines = [f"Decoder cross-attention, one decoding step: {args.batch} sentences x beam "
@@ -173,7 +177,7 @@ def main(argv=None):
         rows, threshold = run(args, src_len)
         for r in rows:
             cps = "" if r["cps"] is None else f"{r['cps']:.1f} ({r['cps'] / r['global_cps']:.0%})"
-            name = r["mechanism"] + (f" (tau {threshold:.2f})" if r["mechanism"] == "flexible" else "")
+            name = r["mechanism"] + (f" (σ {args.sigma:g}, tau {threshold:.2f})" if r["mechanism"] == "flexible" else "")
             lines.append(f"| {src_len} | {name} | {r['step_us']:.0f} | {r['ratio']:.2f} | {cps} | "
                          f"{r['first_step_us']:.0f} |")
             print(lines[-1], flush=True)

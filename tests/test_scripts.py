@@ -76,7 +76,13 @@ def test_attention_step_costs_side_by_side(tmp_path):
             assert r["ratio"] == 1.0
         if r["mechanism"] in ("local", "flexible"):  # the bands skip part of the source
             assert 0 < r["cps"] < r["global_cps"] == r["src_len"]
-    assert "| 30 | flexible (tau 0.50) |" in (tmp_path / "steps.md").read_text()
+    assert "| 30 | flexible (σ 3, tau 0.50) |" in (tmp_path / "steps.md").read_text()
+    # the same modules (same seed) with a smaller σ: narrower bands
+    script("attention_step_costs.py", "--src-len", 30, "--embed-dim", 32, "--heads", 4,
+           "--batch", 3, "--beam", 2, "--steps", 4, "--reps", 1, "--threshold", 0.5,
+           "--sigma", 1, "--json", tmp_path / "narrow.json")
+    narrow = json.loads((tmp_path / "narrow.json").read_text())["results"][-1]
+    assert narrow["mechanism"] == "flexible" and 0 < narrow["cps"] < rows[-1]["cps"]
 
 
 def test_benchmark_trained_checkpoints_on_the_test_set(trained_checkpoints, reorder_data, tmp_path):
@@ -141,17 +147,22 @@ def test_gate_plot_and_bleu_vs_cps_curve(flexible_checkpoint, reorder_data, tmp_
            "--out", tmp_path / "attn.png", "--gate-out", tmp_path / "gate.png")
     assert is_png(tmp_path / "attn.png") and is_png(tmp_path / "gate.png")
     proc = script("bleu_vs_cps.py", "--data", reorder_data, "--checkpoint", flexible_checkpoint,
+                  "--checkpoint", f"narrow={flexible_checkpoint}",
                   "--tok-ref", reorder_data.parent / "raw" / "test.tgt",
                   "--thresholds", "0.5", "auto", "inf", "--threads", 1, "--batch-size", 8,
                   "--out", tmp_path / "curve.png", "--json", tmp_path / "curve.json")
     assert is_png(tmp_path / "curve.png")
-    points = {p["threshold"]: p for p in json.loads((tmp_path / "curve.json").read_text())["points"]}
+    curves = json.loads((tmp_path / "curve.json").read_text())["curves"]
+    assert [c["label"] for c in curves] == ["flexible", "narrow"]
+    points = {p["threshold"]: p for p in curves[0]["points"]}
     assert set(points) == {"0.5", "auto", "inf"}
     # no skipping at tau = inf; a smaller threshold never scores more positions
     assert points["inf"]["cps"] == pytest.approx(points["inf"]["global_cps"])
     assert points["0.5"]["cps"] <= points["auto"]["cps"] <= points["inf"]["cps"]
     assert all(0 <= p["bleu"] <= 100 for p in points.values())
-    assert "[bleu_vs_cps] tau inf" in proc.stderr
+    assert curves[1]["points"] == curves[0]["points"]  # the same checkpoint decodes alike
+    assert "[bleu_vs_cps] flexible, tau inf" in proc.stderr
+    assert "[bleu_vs_cps] narrow, tau inf" in proc.stderr
 
 
 def test_bleu_vs_cps_refuses_a_checkpoint_without_flexible_attention(trained_checkpoints,
@@ -161,6 +172,15 @@ def test_bleu_vs_cps_refuses_a_checkpoint_without_flexible_attention(trained_che
                   "--out", tmp_path / "curve.png", check=False)
     assert proc.returncode != 0 and "has no flexible attention" in proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "curve.png").exists()
+
+
+def test_bleu_vs_cps_names_a_missing_checkpoint(reorder_data, tmp_path):
+    missing = tmp_path / "nowhere.pt"
+    proc = script("bleu_vs_cps.py", "--data", reorder_data, "--checkpoint", f"mine={missing}",
+                  "--tok-ref", reorder_data.parent / "raw" / "test.tgt", "--thresholds", "1",
+                  "--out", tmp_path / "curve.png", check=False)
+    assert proc.returncode != 0 and f"--checkpoint {missing}: no such file" in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def test_results_table_fills_the_readme_markers(tmp_path):
