@@ -59,11 +59,15 @@ finetune() {  # name from arch [flags]
 }
 finetune flexible_ft flexible transformer_flexible_small \
   --criterion label_smoothed_cross_entropy_with_gate --gate-beta 0.1
+# the same fine-tuning attending only within the bands of tau (the paper's
+# rule), where decoding will look: the model adapts to the positions skipped
+finetune flexible_band_ft flexible transformer_flexible_small \
+  --criterion label_smoothed_cross_entropy_with_gate --gate-beta 0.1 --flexible-train-threshold
 finetune soft_ft soft transformer_soft_small
 
 # --- test2016 BLEU ------------------------------------------------------------
 evaluate() { bash "$M30K/evaluate.sh" "$DATA_DIR" "$WORK_DIR" "$@" > /dev/null; }
-for name in $(printf '%s\n' "${RUNS[@]}" | cut -f1) soft_ft; do
+for name in $(printf '%s\n' "${RUNS[@]}" | cut -f1) soft_ft flexible_ft flexible_band_ft; do
   [ -f "$WORK_DIR/runs/$name/checkpoint_avg.pt" ] && evaluate "$name" "$name"
 done
 [ -f "$WORK_DIR/runs/soft/checkpoint_avg.pt" ] && evaluate soft soft_decoded_hard --model-overrides "$HARD_KINDS"
@@ -71,10 +75,12 @@ done
 # fairseq's own cross+self decodes the cross_self checkpoint (identical training, see README)
 [ -f "$WORK_DIR/runs/cross_self/checkpoint_avg.pt" ] && \
   evaluate cross_self fairseq_cross_self --model-overrides "{'_name': 'transformer'}"
-for run in flexible flexible_ft; do
+for run in flexible flexible_ft flexible_band_ft; do
   if [ -f "$WORK_DIR/runs/$run/checkpoint_avg.pt" ]; then
     evaluate "$run" "${run}_inf" --model-overrides "{'flexible_threshold': 'inf', 'print_cps': True}"
     evaluate "$run" "${run}_auto" --model-overrides "{'print_cps': True}"
+    [ "$run" = flexible ] || evaluate "$run" "${run}_tau075" \
+      --model-overrides "{'flexible_threshold': 0.75, 'print_cps': True}"
   fi
 done
 [ -f "$WORK_DIR/runs/local/checkpoint_avg.pt" ] && \
@@ -102,7 +108,7 @@ checkpoints() {  # run names -> "--model NAME=CHECKPOINT" for each one trained
     fi
   done
 }
-mapfile -t MODELS < <(checkpoints $(printf '%s\n' "${RUNS[@]}" | cut -f1) flexible_ft)
+mapfile -t MODELS < <(checkpoints $(printf '%s\n' "${RUNS[@]}" | cut -f1) flexible_ft flexible_band_ft)
 [ -f "$WORK_DIR/runs/cross_self/checkpoint_avg.pt" ] && MODELS+=(--model "fairseq_cross_self=$WORK_DIR/runs/cross_self/checkpoint_avg.pt" --override "fairseq_cross_self={'_name': 'transformer'}")
 # small preset, the trained checkpoints, the test set, beam 4, 20 output tokens for
 # every model: the cost of the mechanisms, not of how long each model's (short
@@ -112,7 +118,7 @@ bench speed_small --data "$WORK_DIR/data-bin" "${MODELS[@]}" --baseline soft --b
   --train-batches 6 --sublayer-times
 # the same trained checkpoints on 100-token sources (random tokens): trained
 # gates and centres, where skipping source positions can pay
-mapfile -t SKIPPING < <(checkpoints soft local flexible flexible_ft hard)
+mapfile -t SKIPPING < <(checkpoints soft local flexible flexible_ft flexible_band_ft hard)
 bench speed_small_long_sources --data "$WORK_DIR/data-bin" "${SKIPPING[@]}" --baseline soft \
   --src-len 100 --num-sentences 128 --batch-size 64 --fixed-output-len 20 --beam 4 --reps 5 \
   --threads 1 --sublayer-times
@@ -147,6 +153,13 @@ bench speed_base_200_token_sources_160_outputs --arch soft=hard_retrieval_transf
   --override "flexible={'flexible_mean_source_length': 200.0}" \
   --vocab 10000 --src-len 200 --num-sentences 32 --batch-size 32 --fixed-output-len 160 \
   --baseline soft --beam 4 --reps 3 --threads 1 --sublayer-times
+# Base dims, 400-token sources, 100 output tokens: soft attention's step keeps
+# growing with the source, the bands' hardly does
+bench speed_base_400_token_sources --arch soft=hard_retrieval_transformer \
+  --arch local=transformer_local --arch flexible=transformer_flexible \
+  --override "flexible={'flexible_mean_source_length': 400.0}" \
+  --vocab 10000 --src-len 400 --num-sentences 16 --batch-size 16 --fixed-output-len 100 \
+  --baseline soft --beam 4 --reps 3 --threads 1 --sublayer-times
 # Base dims, 60 output tokens: self-attention's cost grows with the target
 # prefix, the average attention network's does not
 bench speed_base_long_outputs --data "$WORK_DIR/data-bin" --arch soft=hard_retrieval_transformer \
@@ -171,11 +184,15 @@ bench speed_base_long_outputs --data "$WORK_DIR/data-bin" --arch soft=hard_retri
   --arch flexible=transformer_flexible --arch local=transformer_local \
   --lengths 10 30 100 --num-sentences 16 --batch-size 16 --reps 1 \
   --out "$RESULTS/speed_vs_length.png" --json "$RESULTS/speed_vs_length.json" >&2
-if [ -f "$WORK_DIR/runs/flexible_ft/checkpoint_avg.pt" ] && [ ! -s "$RESULTS/bleu_vs_cps.json" ]; then
-  python "$REPO/scripts/bleu_vs_cps.py" --data "$WORK_DIR/data-bin" \
-    --checkpoint "$WORK_DIR/runs/flexible_ft/checkpoint_avg.pt" \
+CURVES=()
+[ -f "$WORK_DIR/runs/flexible_ft/checkpoint_avg.pt" ] && \
+  CURVES+=(--checkpoint "fine-tuned (gate loss)=$WORK_DIR/runs/flexible_ft/checkpoint_avg.pt")
+[ -f "$WORK_DIR/runs/flexible_band_ft/checkpoint_avg.pt" ] && \
+  CURVES+=(--checkpoint "fine-tuned within the bands of τ (auto)=$WORK_DIR/runs/flexible_band_ft/checkpoint_avg.pt")
+if [ "${#CURVES[@]}" -gt 0 ] && [ ! -s "$RESULTS/bleu_vs_cps.json" ]; then
+  python "$REPO/scripts/bleu_vs_cps.py" --data "$WORK_DIR/data-bin" "${CURVES[@]}" \
     --tok-ref "$DATA_DIR/tok/test_2016_flickr.de" --thresholds 0.1 0.25 0.5 0.75 1 auto 2 4 inf \
-    --label "flexible + fine-tuning" --out "$RESULTS/bleu_vs_cps.png" --json "$RESULTS/bleu_vs_cps.json" >&2
+    --out "$RESULTS/bleu_vs_cps.png" --json "$RESULTS/bleu_vs_cps.json" >&2
 fi
 for run in soft hard flexible_ft; do
   [ -f "$WORK_DIR/runs/$run/checkpoint_avg.pt" ] && [ ! -s "$RESULTS/attention_$run.png" ] && \

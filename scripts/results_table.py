@@ -24,6 +24,8 @@ EXTRA_ROWS = [  # evaluation-only rows: (name, arch, what it changes)
     ("fairseq_cross_self", "transformer --cross-self-attention --no-cross-attention",
      "fairseq's own cross+self attention (the peer; same trained weights as cross_self)"),
     ("flexible_ft", "transformer_flexible_small + gate loss", "flexible, fine-tuned 1 epoch with CE − 0.1·mean(g)"),
+    ("flexible_band_ft", "transformer_flexible_small + gate loss, --flexible-train-threshold",
+     "flexible, fine-tuned as flexible_ft, attending only within the bands of τ = log₁₀ S̄"),
     ("soft_ft", "transformer_soft_small, 1 more epoch", "soft, 1 more epoch as flexible_ft's (the control of its gain)"),
 ]
 
@@ -93,6 +95,10 @@ CPS_ROWS = [  # the flexible-attention paper's Table 1: (result name, what)
     ("flexible_auto", "flexible attention, τ = log₁₀ S̄ (the paper's rule)"),
     ("flexible_ft_inf", "+ fine-tuning with the gate loss, τ = ∞"),
     ("flexible_ft_auto", "+ fine-tuning with the gate loss, τ = log₁₀ S̄"),
+    ("flexible_ft_tau075", "+ fine-tuning with the gate loss, τ = 0.75"),
+    ("flexible_band_ft_inf", "+ fine-tuning within the bands of τ = log₁₀ S̄, decoded with τ = ∞"),
+    ("flexible_band_ft_auto", "+ fine-tuning within the bands of τ = log₁₀ S̄, decoded with τ = log₁₀ S̄"),
+    ("flexible_band_ft_tau075", "+ fine-tuning within the bands of τ = log₁₀ S̄, decoded with τ = 0.75"),
     ("soft_ft", "global attention, 1 more epoch as the fine-tuning's (its control)"),
 ]
 
@@ -133,6 +139,7 @@ FILES = {  # what each output of scripts/results.sh shows
     "speed_base_long_sources": "Base dims, 100-token sources: where skipping source positions pays",
     "speed_base_200_token_sources": "Base dims, 200-token sources, 40 output tokens",
     "speed_base_200_token_sources_160_outputs": "Base dims, 200-token sources, 160 output tokens",
+    "speed_base_400_token_sources": "Base dims, 400-token sources, 100 output tokens",
     "attention_step_costs": "one decoding step of cross-attention alone, per mechanism, Base dims",
     "speed_base_long_outputs": "Base dims, 60 output tokens: where a constant-cost decoder step pays",
     "op_costs_cpu": "per-operation costs of one decoding step (the hard-attention paper's Table 2)",
