@@ -64,8 +64,9 @@ def test_benchmark_random_weights_side_by_side(tmp_path):
 
 def test_attention_step_costs_side_by_side(tmp_path):
     out = tmp_path / "steps.json"
-    script("attention_step_costs.py", "--src-len", 12, 30, "--embed-dim", 32, "--heads", 4,
-           "--batch", 3, "--beam", 2, "--steps", 4, "--reps", 1, "--threshold", 0.5,
+    tiny = ("--embed-dim", 32, "--heads", 4, "--batch", 3, "--beam", 2, "--steps", 4,
+            "--reps", 1, "--threshold", 0.5)
+    script("attention_step_costs.py", "--src-len", 12, 30, *tiny,
            "--json", out, "--markdown", tmp_path / "steps.md")
     rows = json.loads(out.read_text())["results"]
     assert [(r["src_len"], r["mechanism"]) for r in rows] == [
@@ -78,9 +79,8 @@ def test_attention_step_costs_side_by_side(tmp_path):
             assert 0 < r["cps"] < r["global_cps"] == r["src_len"]
     assert "| 30 | flexible (σ 3, tau 0.50) |" in (tmp_path / "steps.md").read_text()
     # the same modules (same seed) with a smaller σ: narrower bands
-    script("attention_step_costs.py", "--src-len", 30, "--embed-dim", 32, "--heads", 4,
-           "--batch", 3, "--beam", 2, "--steps", 4, "--reps", 1, "--threshold", 0.5,
-           "--sigma", 1, "--json", tmp_path / "narrow.json")
+    script("attention_step_costs.py", "--src-len", 30, *tiny, "--sigma", 1,
+           "--json", tmp_path / "narrow.json")
     narrow = json.loads((tmp_path / "narrow.json").read_text())["results"][-1]
     assert narrow["mechanism"] == "flexible" and 0 < narrow["cps"] < rows[-1]["cps"]
 
