@@ -13,6 +13,8 @@ setup(
         "cross+self, average attention, flexible and local attention"
     ),
     packages=find_packages(include=["fairseq_hardattn", "fairseq_hardattn.*"]),
+    # C kernels are compiled on first use (fairseq_hardattn/kernels)
+    package_data={"fairseq_hardattn.kernels": ["*.c"]},
     python_requires=">=3.10",
     install_requires=[
         FAIRSEQ_PIN,

@@ -36,7 +36,8 @@ from fairseq_hardattn.modules import (  # noqa: E402
     LocalAttention,
 )
 
-MECHANISMS = ("soft", "hard", "local", "flexible")
+# flexible_torch_ops: flexible attention without its C kernel (as on GPU)
+MECHANISMS = ("soft", "hard", "local", "flexible", "flexible_torch_ops")
 
 
 def build(mechanism, args, threshold):
@@ -51,6 +52,7 @@ def build(mechanism, args, threshold):
     else:
         module = FlexibleAttention(args.embed_dim, args.heads, sigma=args.sigma,
                                    threshold=threshold, **kwargs)
+        module.use_kernel = mechanism == "flexible"
     module.set_beam_size(args.beam)  # fairseq's generator does this for the model
     return module.eval()
 
@@ -177,7 +179,7 @@ def main(argv=None):
         rows, threshold = run(args, src_len)
         for r in rows:
             cps = "" if r["cps"] is None else f"{r['cps']:.1f} ({r['cps'] / r['global_cps']:.0%})"
-            name = r["mechanism"] + (f" (σ {args.sigma:g}, tau {threshold:.2f})" if r["mechanism"] == "flexible" else "")
+            name = r["mechanism"] + (f" (σ {args.sigma:g}, tau {threshold:.2f})" if r["mechanism"].startswith("flexible") else "")
             lines.append(f"| {src_len} | {name} | {r['step_us']:.0f} | {r['ratio']:.2f} | {cps} | "
                          f"{r['first_step_us']:.0f} |")
             print(lines[-1], flush=True)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
 
-from fairseq_hardattn import ConfigError
+from fairseq_hardattn import ConfigError, kernels
 from fairseq_hardattn.criterions.label_smoothed_cross_entropy_with_gate import (
     LabelSmoothedCrossEntropyWithGateCriterion,
 )
@@ -123,6 +123,78 @@ def test_centre_state_is_reordered_for_beam_search():
     attn.reorder_incremental_state(state, torch.tensor([2, 2, 0]))
     after = attn.get_incremental_state(state, "flexible_centre")["centre"]
     assert torch.equal(after, before[[2, 2, 0]])
+
+
+def decode_float32(attn, use_kernel, sentences, beam, src_len, steps=10):
+    """A float32 beam decoding pass (left-padded sources, hypotheses reordered
+    within their sentences midway): outputs, final centres, CPS summary."""
+    attn.use_kernel = use_kernel
+    attn.set_beam_size(beam)
+    attn.cps.enabled = True
+    attn.cps.reset()
+    torch.manual_seed(1)
+    bsz = sentences * beam
+    key = beam_copies(torch.randn(src_len, sentences, EMBED), beam, 1)
+    pad = torch.zeros(sentences, src_len, dtype=torch.bool)
+    pad[1, :6] = True
+    pad = beam_copies(pad, beam, 0)
+    state, outs = {}, []
+    with torch.no_grad():
+        for t in range(steps):
+            outs.append(one_step(attn, torch.randn(1, bsz, EMBED), key, pad, state)[0])
+            if t == steps // 2:  # the last hypothesis of each sentence replaces the others
+                order = torch.arange(bsz).view(sentences, beam)[:, -1:].expand(-1, beam)
+                attn.reorder_incremental_state(state, order.reshape(-1))
+    centre = attn.get_incremental_state(state, "flexible_centre")["centre"]
+    return torch.cat(outs), centre, attn.cps.summary()
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_c_kernel_decodes_as_the_pytorch_ops(beam):
+    """On CPU in float32 decoding runs the C kernel; the same steps with
+    PyTorch ops only (as on GPU) give the same outputs, centres and CPS."""
+    assert kernels.flexible_band_function() is not None, "the C kernel did not build"
+    torch.manual_seed(0)
+    attn = FlexibleAttention(EMBED, HEADS, encoder_decoder_attention=True, sigma=2.0,
+                             threshold=0.9).eval()
+    calls = []
+    original = kernels.flexible_band_step
+    try:
+        kernels.flexible_band_step = lambda *args: calls.append(1) or original(*args)
+        fused = decode_float32(attn, True, sentences=4, beam=beam, src_len=30)
+    finally:
+        kernels.flexible_band_step = original
+    reference = decode_float32(attn, False, sentences=4, beam=beam, src_len=30)
+    assert len(calls) == 10  # every step
+    torch.testing.assert_close(fused[0], reference[0])
+    torch.testing.assert_close(fused[1], reference[1])
+    assert fused[2] == reference[2]
+    assert fused[2]["cps"] < fused[2]["global_cps"] / 2  # really banded
+
+
+@pytest.mark.parametrize("cc, reason", [("/nonexistent/cc", "no C compiler found"),
+                                        ("false", "false failed on flexible_band.c")])
+def test_without_a_c_kernel_decoding_falls_back_to_pytorch_ops(cc, reason, tmp_path,
+                                                               monkeypatch, caplog):
+    monkeypatch.setenv("CC", cc)
+    monkeypatch.setenv("FAIRSEQ_HARDATTN_KERNEL_DIR", str(tmp_path))
+    monkeypatch.setattr(kernels, "_loaded", {})
+    with pytest.raises(RuntimeError, match=reason):
+        kernels.build("flexible_band")
+    attn = FlexibleAttention(EMBED, HEADS, encoder_decoder_attention=True, threshold=0.9).eval()
+    with caplog.at_level("WARNING"):
+        out, _, summary = decode_float32(attn, True, sentences=2, beam=2, src_len=20)
+    warnings = [r.getMessage() for r in caplog.records if "C kernel" in r.getMessage()]
+    assert len(warnings) == 1  # once per process, not once per step
+    assert f"the C kernel flexible_band is unavailable ({reason}" in warnings[0]
+    assert "using PyTorch ops instead" in warnings[0]
+    assert torch.isfinite(out).all() and summary["cps"] < summary["global_cps"]
+    assert not list(tmp_path.iterdir())  # nothing half-built left behind
+
+
+def test_kernels_can_be_turned_off(monkeypatch):
+    monkeypatch.setenv("FAIRSEQ_HARDATTN_KERNELS", "0")
+    assert kernels.flexible_band_function() is None
 
 
 @pytest.mark.parametrize("threshold", [None, 0.3])

@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .. import kernels
 from ..errors import ConfigError
 from .cached_projection import CachedProjectionAttention
 from .hard_retrieval_attention import retrieve
@@ -288,6 +289,7 @@ class FlexibleAttention(CachedProjectionAttention):
 
     new_parameter_prefixes = ("gate_",)
     batch_major_static_cache = True  # windows are contiguous blocks
+    use_kernel = True  # False: PyTorch ops only (benchmarks and tests compare both)
 
     def __init__(self, embed_dim, num_heads, *args, sigma: float = 3.0,
                  threshold: Optional[float] = None, train_passes: int = 2,
@@ -327,7 +329,6 @@ class FlexibleAttention(CachedProjectionAttention):
     def attend(self, query, p, incremental_state, attn_mask, before_softmax, need_weights,
                need_head_weights):
         q, k, v, key_padding_mask, kv_bsz, tgt_len, bsz = p
-        q = q * self.scaling
         gates = self.gates(query)
         self.last_gates = gates  # read by the fine-tuning criterion after forward
         gates = gates.permute(1, 2, 0).reshape(bsz * self.num_heads, tgt_len)
@@ -351,6 +352,7 @@ class FlexibleAttention(CachedProjectionAttention):
                                                  previous, gates, threshold)
                 result = (self.merge_heads(out, tgt_len, bsz), None)
             else:
+                q = q * self.scaling
                 scores = self.mask_scores(self.attention_scores(q, k, kv_bsz), attn_mask,
                                           key_padding_mask, kv_bsz)
                 probs = self._penalised_softmax(scores, previous, gates)
@@ -363,6 +365,7 @@ class FlexibleAttention(CachedProjectionAttention):
             })
             return result
 
+        q = q * self.scaling
         scores = self.mask_scores(self.attention_scores(q, k, kv_bsz), attn_mask,
                                   key_padding_mask, kv_bsz)
         if before_softmax:
@@ -424,15 +427,24 @@ class FlexibleAttention(CachedProjectionAttention):
         return self.merge_heads(out, probs.size(1), bsz), weights
 
     def _banded_step(self, q, k, v, key_padding_mask, kv_bsz, bsz, previous, gates, threshold):
-        """Score only the bands: gathered windows of keys (``gather_ranges``),
-        values summed where they lie (``weighted_window_values``)."""
+        """Score only the bands (q unscaled, one target position). On CPU in
+        float32: the C kernel, scoring each band in place in the cache
+        (``kernels.flexible_band_step``). Elsewhere: gathered windows of keys
+        (``gather_ranges``), values summed where they lie
+        (``weighted_window_values``)."""
         src_len = k.size(1)
         centre = previous[:, 0].float()
         gate = gates[:, 0].float()
-        low, high = band_limits(centre, band_half_width(gate, self.sigma, threshold), src_len)
-        plan = gather_ranges(self, k, key_padding_mask, low, high, kv_bsz, bsz)
-        out, centres, scored = plan.apply(partial(self._band_attention, v=v), q, centre, gate,
-                                          low, high)
+        if self.use_kernel and kernels.can_run_flexible_band(q, k, v):
+            out, centres, scored = kernels.flexible_band_step(
+                q[:, 0], k, v, key_padding_mask, centre, gate, bsz // kv_bsz, self.num_heads,
+                self.scaling, self.sigma, threshold)
+            out = out.unsqueeze(1)
+        else:
+            low, high = band_limits(centre, band_half_width(gate, self.sigma, threshold), src_len)
+            plan = gather_ranges(self, k, key_padding_mask, low, high, kv_bsz, bsz)
+            out, centres, scored = plan.apply(partial(self._band_attention, v=v),
+                                              q * self.scaling, centre, gate, low, high)
         if self.cps.enabled:
             available = unpadded_lengths(key_padding_mask, kv_bsz, src_len, q.device)
             self.cps.add(scored, available.repeat_interleave(bsz // kv_bsz * self.num_heads))

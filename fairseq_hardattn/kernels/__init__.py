@@ -1,0 +1,154 @@
+"""Compiled CPU kernels: plain C, built on first use with the system's C
+compiler and loaded with ctypes (no torch headers to compile, so a build
+takes well under a second; no build step at install time).
+
+A build is cached under ``$FAIRSEQ_HARDATTN_KERNEL_DIR`` (default
+``~/.cache/fairseq_hardattn/kernels``), keyed by the source, the compiler,
+its flags and the CPU (``-march=native``). Where no kernel can be built (no
+compiler, a failed build) the callers fall back to their PyTorch ops, with
+one warning; ``FAIRSEQ_HARDATTN_KERNELS=0`` turns the kernels off.
+"""
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Dict, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+logger = logging.getLogger(__name__)
+
+SOURCE_DIR = Path(__file__).resolve().parent
+# reassociated float sums (vectorised reductions) but IEEE infinities and NaN
+# kept, and no -ffast-math: gcc < 13 would link crtfastmath.o into the
+# library, flushing denormals to zero in the whole process
+FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math",
+         "-fassociative-math", "-fno-signed-zeros", "-std=c99", "-shared", "-fPIC")
+_loaded: Dict[str, Optional[ctypes.CDLL]] = {}
+
+
+def enabled() -> bool:
+    return os.environ.get("FAIRSEQ_HARDATTN_KERNELS", "1") != "0"
+
+
+def cache_dir() -> Path:
+    default = Path.home() / ".cache" / "fairseq_hardattn" / "kernels"
+    return Path(os.environ.get("FAIRSEQ_HARDATTN_KERNEL_DIR") or default)
+
+
+def compiler() -> Optional[str]:
+    """$CC where set (only it), else the first of cc, gcc, clang found."""
+    if os.environ.get("CC"):
+        return os.environ["CC"] if shutil.which(os.environ["CC"]) else None
+    return next((cc for cc in ("cc", "gcc", "clang") if shutil.which(cc)), None)
+
+
+def _cpu_signature() -> bytes:
+    """What -march=native depends on: the CPU's flags (Linux), else its name."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line.encode()
+    except OSError:
+        pass
+    import platform
+    return (platform.machine() + platform.processor()).encode()
+
+
+def build(name: str) -> Path:
+    """Compile ``<name>.c`` (cached) and return the shared library's path;
+    raises RuntimeError naming the problem."""
+    source = SOURCE_DIR / f"{name}.c"
+    cc = compiler()
+    if cc is None:
+        raise RuntimeError("no C compiler found (CC={!r}; install gcc or set CC)".format(os.environ.get("CC", "")))
+    key = hashlib.sha256(b"\0".join(
+        [source.read_bytes(), cc.encode(), " ".join(FLAGS).encode(), _cpu_signature()]
+    )).hexdigest()[:16]
+    target = cache_dir() / f"{name}-{key}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # build beside the target, then rename: concurrent processes (test
+    # workers, distributed ranks) never load a half-written library
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        partial = Path(tmp) / target.name
+        result = subprocess.run([cc, *FLAGS, "-o", str(partial), str(source), "-lm"],
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"{cc} failed on {source.name}: {result.stderr.strip()[-2000:]}")
+        os.replace(partial, target)
+    return target
+
+
+def load(name: str) -> Optional[ctypes.CDLL]:
+    """The kernel library ``name``, or None (kernels off, or the build failed:
+    warned once per process)."""
+    if not enabled():
+        return None
+    if name not in _loaded:
+        try:
+            _loaded[name] = ctypes.CDLL(str(build(name)))
+        except (RuntimeError, OSError) as error:
+            logger.warning("fairseq-hardattn: the C kernel %s is unavailable (%s); "
+                           "using PyTorch ops instead (slower decoding)", name, error)
+            _loaded[name] = None
+    return _loaded[name]
+
+
+_i64, _f32, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+_FLEXIBLE_BAND_ARGS = [_ptr, _i64, _i64, _f32, _ptr, _ptr, _i64, _ptr, _i64, _i64,
+                       _ptr, _ptr, _f32, _f32, _f32, _ptr, _ptr, _ptr]
+
+
+def flexible_band_function():
+    """The C function ``flexible_band_step``, or None."""
+    library = load("flexible_band")
+    if library is None:
+        return None
+    function = library.flexible_band_step
+    if function.argtypes is None:
+        function.argtypes = _FLEXIBLE_BAND_ARGS
+        function.restype = ctypes.c_int
+    return function
+
+
+def can_run_flexible_band(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """Whether ``flexible_band_step`` applies: CPU float32 tensors, the
+    batch-major caches contiguous, no gradient needed."""
+    return (q.device.type == "cpu" and q.dtype == k.dtype == v.dtype == torch.float32
+            and k.is_contiguous() and v.is_contiguous() and not torch.is_grad_enabled()
+            and flexible_band_function() is not None)
+
+
+def flexible_band_step(q: Tensor, k: Tensor, v: Tensor, padding: Optional[Tensor],
+                       centre: Tensor, gate: Tensor, beam: int, heads: int, scaling: float,
+                       sigma: float, threshold: float) -> Tuple[Tensor, Tensor, Tensor]:
+    """One banded step (see flexible_band.c): q (rows, head_dim) unscaled;
+    k, v (kv_bsz*heads, src_len, head_dim) contiguous; padding (kv_bsz,
+    src_len) bool or None; centre and gate (rows,). Returns the output
+    (rows, head_dim), the new centres (rows,) and the band sizes (rows,)."""
+    rows, head_dim = q.shape
+    src_len = k.size(1)
+    q = q.contiguous()
+    centre = centre.float().contiguous()
+    gate = gate.float().contiguous()
+    if padding is not None:
+        padding = padding.contiguous()
+    out = q.new_empty(rows, head_dim)
+    new_centre = centre.new_empty(rows)
+    scored = torch.empty(rows, dtype=torch.int64)
+    status = flexible_band_function()(
+        q.data_ptr(), rows, head_dim, scaling, k.data_ptr(), v.data_ptr(), src_len,
+        None if padding is None else padding.data_ptr(), beam, heads,
+        centre.data_ptr(), gate.data_ptr(), sigma, 2.0 * threshold, -0.5 / sigma ** 2,
+        out.data_ptr(), new_centre.data_ptr(), scored.data_ptr())
+    if status != 0:
+        raise MemoryError("flexible_band_step: could not allocate its scratch memory")
+    return out, new_centre, scored
