@@ -104,6 +104,8 @@ def run(args, src_len):
     threshold = args.threshold if args.threshold is not None else math.log10(src_len)
     torch.manual_seed(args.seed)
     modules = {m: build(m, args, threshold) for m in args.mechanisms}
+    if {"flexible", "flexible_torch_ops"} <= set(modules):  # the same weights, two implementations
+        modules["flexible_torch_ops"].load_state_dict(modules["flexible"].state_dict())
     encoder, queries = decoding_inputs(args, src_len, args.seed)
     for module in modules.values():  # warm-up
         decode(module, encoder, queries)

@@ -116,6 +116,14 @@ mapfile -t MODELS < <(checkpoints $(printf '%s\n' "${RUNS[@]}" | cut -f1) flexib
 bench speed_small --data "$WORK_DIR/data-bin" "${MODELS[@]}" --baseline soft --beam 4 \
   --batch-size 64 --max-sentences 384 --fixed-output-len 20 --reps 5 --threads 1 \
   --train-batches 6 --sublayer-times
+# the flexible family at the small preset, with the band-trained model also at
+# tau = 0.75 (its 57%-fewer-scores point): where short sources leave little to skip
+mapfile -t FLEXIBLE < <(checkpoints soft soft_ft local flexible flexible_ft flexible_band_ft)
+[ -f "$WORK_DIR/runs/flexible_band_ft/checkpoint_avg.pt" ] && FLEXIBLE+=(
+  --model "flexible_band_ft_tau075=$WORK_DIR/runs/flexible_band_ft/checkpoint_avg.pt"
+  --override "flexible_band_ft_tau075={'flexible_threshold': 0.75}")
+bench speed_small_flexible --data "$WORK_DIR/data-bin" "${FLEXIBLE[@]}" --baseline soft --beam 4 \
+  --batch-size 64 --max-sentences 384 --fixed-output-len 20 --reps 5 --threads 1 --sublayer-times
 # the same trained checkpoints on 100-token sources (random tokens): trained
 # gates and centres, where skipping source positions can pay
 mapfile -t SKIPPING < <(checkpoints soft local flexible flexible_ft flexible_band_ft hard)

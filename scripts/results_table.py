@@ -135,6 +135,7 @@ def reference_table(reference):
 FILES = {  # what each output of scripts/results.sh shows
     "speed_small": "decoding and training speed, small preset, the trained checkpoints",
     "speed_base": "decoding speed at Transformer Base dims (random weights)",
+    "speed_small_flexible": "the flexible family at the small preset, Multi30k test, the trained checkpoints (flexible_band_ft also at τ = 0.75)",
     "speed_small_long_sources": "small preset, the trained checkpoints, 100-token sources",
     "speed_base_long_sources": "Base dims, 100-token sources: where skipping source positions pays",
     "speed_base_200_token_sources": "Base dims, 200-token sources, 40 output tokens",

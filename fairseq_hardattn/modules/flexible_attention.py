@@ -8,12 +8,15 @@ state that queries the attention. The penalty is computed in float32.
 
 Test time, threshold τ: scores are computed only for the band of positions
 whose penalty is below τ, |s - p_{t-1}| < σ·sqrt(2τ/g_t) (plus the position
-nearest p_{t-1}, so that no query is left without keys). Decoding gathers
-windows of keys, as wide as the step's bands need, and scores only those
+nearest p_{t-1}, so that no query is left without keys). Only the bands
+are scored, never a mask over the full score matrix: on CPU in float32 by a
+C kernel that reads each band where it lies in the K/V cache
+(``kernels/flexible_band.c``, one call per step); elsewhere with PyTorch
+ops, gathering windows of keys as wide as the step's bands need
 (``gather_ranges``: one window per sentence and head, shared by its
-hypotheses): not a mask over the full score matrix; the values of the bands
-are summed where they lie in the cache (``weighted_window_values``). The
-band positions are counted (CPS, score computations per decoding step).
+hypotheses) and summing the bands' values where they lie in the cache
+(``weighted_window_values``). The band positions are counted (CPS, score
+computations per decoding step).
 
 Training is parallel over target positions, so p_{t-1} cannot come from the
 previous step's penalised attention. We use a fixed-point refinement: centres
