@@ -36,8 +36,9 @@ from fairseq_hardattn.modules import (  # noqa: E402
     LocalAttention,
 )
 
-# flexible_torch_ops: flexible attention without its C kernel (as on GPU)
-MECHANISMS = ("soft", "hard", "local", "flexible", "flexible_torch_ops")
+# flexible_torch_ops: flexible attention without its C kernel (as on GPU);
+# flexible_small_gate: with a --small-gate-dim gate network (--flexible-gate-dim)
+MECHANISMS = ("soft", "hard", "local", "flexible", "flexible_torch_ops", "flexible_small_gate")
 
 
 def build(mechanism, args, threshold):
@@ -50,9 +51,10 @@ def build(mechanism, args, threshold):
     elif mechanism == "local":
         module = LocalAttention(args.embed_dim, args.heads, window=args.window, **kwargs)
     else:
+        gate_dim = args.small_gate_dim if mechanism == "flexible_small_gate" else None
         module = FlexibleAttention(args.embed_dim, args.heads, sigma=args.sigma,
-                                   threshold=threshold, **kwargs)
-        module.use_kernel = mechanism == "flexible"
+                                   threshold=threshold, gate_dim=gate_dim, **kwargs)
+        module.use_kernel = mechanism != "flexible_torch_ops"
     module.set_beam_size(args.beam)  # fairseq's generator does this for the model
     return module.eval()
 
@@ -106,6 +108,10 @@ def run(args, src_len):
     modules = {m: build(m, args, threshold) for m in args.mechanisms}
     if {"flexible", "flexible_torch_ops"} <= set(modules):  # the same weights, two implementations
         modules["flexible_torch_ops"].load_state_dict(modules["flexible"].state_dict())
+    if {"flexible", "flexible_small_gate"} <= set(modules):  # the same weights but the gate
+        shared = {k: v for k, v in modules["flexible"].state_dict().items()
+                  if not k.startswith("gate_")}
+        modules["flexible_small_gate"].load_state_dict(shared, strict=False)
     encoder, queries = decoding_inputs(args, src_len, args.seed)
     for module in modules.values():  # warm-up
         decode(module, encoder, queries)
@@ -153,6 +159,8 @@ def main(argv=None):
     p.add_argument("--threshold", type=float, default=None,
                    help="flexible attention's tau (default: the paper's rule, log10 of src-len)")
     p.add_argument("--sigma", type=float, default=3.0, help="flexible attention's σ")
+    p.add_argument("--small-gate-dim", type=int, default=None,
+                   help="flexible_small_gate's gate network size (default: embed dim / 4)")
     p.add_argument("--window", type=int, default=10, help="local attention's D")
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--threads", type=int, default=1)
@@ -167,6 +175,10 @@ def main(argv=None):
         p.error(f"--embed-dim {args.embed_dim} is not divisible by --heads {args.heads}")
     if min(args.src_len) < 1:
         p.error("--src-len must be >= 1")
+    if args.small_gate_dim is None:
+        args.small_gate_dim = max(1, args.embed_dim // 4)
+    if args.small_gate_dim < 1:
+        p.error(f"--small-gate-dim must be >= 1, got {args.small_gate_dim}")
     if not args.sigma > 0:
         p.error(f"--sigma must be > 0, got {args.sigma}")
     torch.set_num_threads(args.threads)
@@ -181,7 +193,10 @@ def main(argv=None):
         rows, threshold = run(args, src_len)
         for r in rows:
             cps = "" if r["cps"] is None else f"{r['cps']:.1f} ({r['cps'] / r['global_cps']:.0%})"
-            name = r["mechanism"] + (f" (σ {args.sigma:g}, tau {threshold:.2f})" if r["mechanism"].startswith("flexible") else "")
+            name = r["mechanism"]
+            if name.startswith("flexible"):
+                gate = args.small_gate_dim if name == "flexible_small_gate" else args.embed_dim
+                name += f" (σ {args.sigma:g}, tau {threshold:.2f}, gate {gate})"
             lines.append(f"| {src_len} | {name} | {r['step_us']:.0f} | {r['ratio']:.2f} | {cps} | "
                          f"{r['first_step_us']:.0f} |")
             print(lines[-1], flush=True)

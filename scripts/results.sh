@@ -63,11 +63,14 @@ finetune flexible_ft flexible transformer_flexible_small \
 # rule), where decoding will look: the model adapts to the positions skipped
 finetune flexible_band_ft flexible transformer_flexible_small \
   --criterion label_smoothed_cross_entropy_with_gate --gate-beta 0.1 --flexible-train-threshold
+finetune flexible_gate32_band_ft flexible_gate32 transformer_flexible_small \
+  --criterion label_smoothed_cross_entropy_with_gate --gate-beta 0.1 --flexible-train-threshold
 finetune soft_ft soft transformer_soft_small
 
 # --- test2016 BLEU ------------------------------------------------------------
 evaluate() { bash "$M30K/evaluate.sh" "$DATA_DIR" "$WORK_DIR" "$@" > /dev/null; }
-for name in $(printf '%s\n' "${RUNS[@]}" | cut -f1) soft_ft flexible_ft flexible_band_ft; do
+for name in $(printf '%s\n' "${RUNS[@]}" | cut -f1) soft_ft flexible_ft flexible_band_ft \
+    flexible_gate32_band_ft; do
   [ -f "$WORK_DIR/runs/$name/checkpoint_avg.pt" ] && evaluate "$name" "$name"
 done
 [ -f "$WORK_DIR/runs/soft/checkpoint_avg.pt" ] && evaluate soft soft_decoded_hard --model-overrides "$HARD_KINDS"
@@ -75,11 +78,11 @@ done
 # fairseq's own cross+self decodes the cross_self checkpoint (identical training, see README)
 [ -f "$WORK_DIR/runs/cross_self/checkpoint_avg.pt" ] && \
   evaluate cross_self fairseq_cross_self --model-overrides "{'_name': 'transformer'}"
-for run in flexible flexible_ft flexible_band_ft; do
+for run in flexible flexible_ft flexible_band_ft flexible_gate32 flexible_gate32_band_ft; do
   if [ -f "$WORK_DIR/runs/$run/checkpoint_avg.pt" ]; then
     evaluate "$run" "${run}_inf" --model-overrides "{'flexible_threshold': 'inf', 'print_cps': True}"
     evaluate "$run" "${run}_auto" --model-overrides "{'print_cps': True}"
-    [ "$run" = flexible ] || evaluate "$run" "${run}_tau075" \
+    [[ "$run" == *_ft ]] && evaluate "$run" "${run}_tau075" \
       --model-overrides "{'flexible_threshold': 0.75, 'print_cps': True}"
   fi
 done
@@ -108,7 +111,8 @@ checkpoints() {  # run names -> "--model NAME=CHECKPOINT" for each one trained
     fi
   done
 }
-mapfile -t MODELS < <(checkpoints $(printf '%s\n' "${RUNS[@]}" | cut -f1) flexible_ft flexible_band_ft)
+mapfile -t MODELS < <(checkpoints $(printf '%s\n' "${RUNS[@]}" | cut -f1) flexible_ft flexible_band_ft \
+  flexible_gate32_band_ft)
 [ -f "$WORK_DIR/runs/cross_self/checkpoint_avg.pt" ] && MODELS+=(--model "fairseq_cross_self=$WORK_DIR/runs/cross_self/checkpoint_avg.pt" --override "fairseq_cross_self={'_name': 'transformer'}")
 # small preset, the trained checkpoints, the test set, beam 4, 20 output tokens for
 # every model: the cost of the mechanisms, not of how long each model's (short
@@ -116,17 +120,21 @@ mapfile -t MODELS < <(checkpoints $(printf '%s\n' "${RUNS[@]}" | cut -f1) flexib
 bench speed_small --data "$WORK_DIR/data-bin" "${MODELS[@]}" --baseline soft --beam 4 \
   --batch-size 64 --max-sentences 384 --fixed-output-len 20 --reps 5 --threads 1 \
   --train-batches 6 --sublayer-times
-# the flexible family at the small preset, with the band-trained model also at
-# tau = 0.75 (its 57%-fewer-scores point): where short sources leave little to skip
-mapfile -t FLEXIBLE < <(checkpoints soft soft_ft local flexible flexible_ft flexible_band_ft)
-[ -f "$WORK_DIR/runs/flexible_band_ft/checkpoint_avg.pt" ] && FLEXIBLE+=(
-  --model "flexible_band_ft_tau075=$WORK_DIR/runs/flexible_band_ft/checkpoint_avg.pt"
-  --override "flexible_band_ft_tau075={'flexible_threshold': 0.75}")
+# the flexible family at the small preset, with the band-trained models also at
+# tau = 0.75 (their 55%-fewer-scores points): where short sources leave little to skip
+mapfile -t FLEXIBLE < <(checkpoints soft soft_ft local flexible flexible_ft flexible_band_ft \
+  flexible_gate32 flexible_gate32_band_ft)
+for run in flexible_band_ft flexible_gate32_band_ft; do
+  [ -f "$WORK_DIR/runs/$run/checkpoint_avg.pt" ] && FLEXIBLE+=(
+    --model "${run}_tau075=$WORK_DIR/runs/$run/checkpoint_avg.pt"
+    --override "${run}_tau075={'flexible_threshold': 0.75}")
+done
 bench speed_small_flexible --data "$WORK_DIR/data-bin" "${FLEXIBLE[@]}" --baseline soft --beam 4 \
   --batch-size 64 --max-sentences 384 --fixed-output-len 20 --reps 5 --threads 1 --sublayer-times
 # the same trained checkpoints on 100-token sources (random tokens): trained
 # gates and centres, where skipping source positions can pay
-mapfile -t SKIPPING < <(checkpoints soft local flexible flexible_ft flexible_band_ft hard)
+mapfile -t SKIPPING < <(checkpoints soft local flexible flexible_ft flexible_band_ft \
+  flexible_gate32_band_ft hard)
 bench speed_small_long_sources --data "$WORK_DIR/data-bin" "${SKIPPING[@]}" --baseline soft \
   --src-len 100 --num-sentences 128 --batch-size 64 --fixed-output-len 20 --beam 4 --reps 5 \
   --threads 1 --sublayer-times
@@ -144,7 +152,10 @@ bench speed_base --data "$WORK_DIR/data-bin" --arch soft=hard_retrieval_transfor
 # Base dims with long sources (100 tokens), where skipping source positions matters
 bench speed_base_long_sources --arch soft=hard_retrieval_transformer \
   --arch local=transformer_local --arch flexible=transformer_flexible \
-  --override "flexible={'flexible_mean_source_length': 100.0}" --arch hard=transformer_hard_dec \
+  --override "flexible={'flexible_mean_source_length': 100.0}" \
+  --arch flexible_gate128=transformer_flexible \
+  --override "flexible_gate128={'flexible_mean_source_length': 100.0, 'flexible_gate_dim': 128}" \
+  --arch hard=transformer_hard_dec \
   --vocab 10000 --src-len 100 --num-sentences 64 --batch-size 32 --fixed-output-len 20 \
   --baseline soft --beam 4 --reps 5 --threads 1 --sublayer-times
 # Base dims, 200-token sources and 40 output tokens: the per-step cost of
@@ -179,6 +190,12 @@ bench speed_base_long_outputs --data "$WORK_DIR/data-bin" --arch soft=hard_retri
 [ -s "$RESULTS/attention_step_costs.json" ] || python "$REPO/scripts/attention_step_costs.py" \
   --src-len 50 100 200 400 --reps 15 --threads 1 --json "$RESULTS/attention_step_costs.json" \
   --markdown "$RESULTS/attention_step_costs.md" >&2
+# the same at the small preset's dims (d = 128, 4 heads): Multi30k's ~15-token
+# sources, and longer ones
+[ -s "$RESULTS/attention_step_costs_small.json" ] || python "$REPO/scripts/attention_step_costs.py" \
+  --embed-dim 128 --heads 4 --src-len 15 30 100 --reps 15 --threads 1 \
+  --json "$RESULTS/attention_step_costs_small.json" \
+  --markdown "$RESULTS/attention_step_costs_small.md" >&2
 [ -s "$RESULTS/op_costs_cpu.json" ] || python "$REPO/scripts/op_costs.py" --threads 1 \
   --json "$RESULTS/op_costs_cpu.json" --markdown "$RESULTS/op_costs_cpu.md" >&2
 [ -s "$RESULTS/memory.json" ] || python "$REPO/scripts/memory_profile.py" \

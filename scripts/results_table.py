@@ -26,6 +26,8 @@ EXTRA_ROWS = [  # evaluation-only rows: (name, arch, what it changes)
     ("flexible_ft", "transformer_flexible_small + gate loss", "flexible, fine-tuned 1 epoch with CE − 0.1·mean(g)"),
     ("flexible_band_ft", "transformer_flexible_small + gate loss, --flexible-train-threshold",
      "flexible, fine-tuned as flexible_ft, attending only within the bands of τ = log₁₀ S̄"),
+    ("flexible_gate32_band_ft", "transformer_flexible_small --flexible-gate-dim 32 + gate loss, "
+     "--flexible-train-threshold", "flexible_gate32, fine-tuned as flexible_band_ft"),
     ("soft_ft", "transformer_soft_small, 1 more epoch", "soft, 1 more epoch as flexible_ft's (the control of its gain)"),
 ]
 
@@ -99,6 +101,11 @@ CPS_ROWS = [  # the flexible-attention paper's Table 1: (result name, what)
     ("flexible_band_ft_inf", "+ fine-tuning within the bands of τ = log₁₀ S̄, decoded with τ = ∞"),
     ("flexible_band_ft_auto", "+ fine-tuning within the bands of τ = log₁₀ S̄, decoded with τ = log₁₀ S̄"),
     ("flexible_band_ft_tau075", "+ fine-tuning within the bands of τ = log₁₀ S̄, decoded with τ = 0.75"),
+    ("flexible_gate32_inf", "flexible attention with a 32-unit gate network (d/4), τ = ∞"),
+    ("flexible_gate32_auto", "flexible attention with a 32-unit gate network, τ = log₁₀ S̄"),
+    ("flexible_gate32_band_ft_inf", "+ fine-tuning within the bands, decoded with τ = ∞"),
+    ("flexible_gate32_band_ft_auto", "+ fine-tuning within the bands, decoded with τ = log₁₀ S̄"),
+    ("flexible_gate32_band_ft_tau075", "+ fine-tuning within the bands, decoded with τ = 0.75"),
     ("soft_ft", "global attention, 1 more epoch as the fine-tuning's (its control)"),
 ]
 
@@ -135,13 +142,14 @@ def reference_table(reference):
 FILES = {  # what each output of scripts/results.sh shows
     "speed_small": "decoding and training speed, small preset, the trained checkpoints",
     "speed_base": "decoding speed at Transformer Base dims (random weights)",
-    "speed_small_flexible": "the flexible family at the small preset, Multi30k test, the trained checkpoints (flexible_band_ft also at τ = 0.75)",
+    "speed_small_flexible": "the flexible family at the small preset, Multi30k test, the trained checkpoints (the band-trained ones also at τ = 0.75)",
     "speed_small_long_sources": "small preset, the trained checkpoints, 100-token sources",
     "speed_base_long_sources": "Base dims, 100-token sources: where skipping source positions pays",
     "speed_base_200_token_sources": "Base dims, 200-token sources, 40 output tokens",
     "speed_base_200_token_sources_160_outputs": "Base dims, 200-token sources, 160 output tokens",
     "speed_base_400_token_sources": "Base dims, 400-token sources, 100 output tokens",
-    "attention_step_costs": "one decoding step of cross-attention alone, per mechanism, Base dims",
+    "attention_step_costs": "one decoding step of cross-attention alone, per mechanism, Base dims (flexible_small_gate: a d/4 gate network)",
+    "attention_step_costs_small": "the same at the small preset's dims (d = 128, 4 heads)",
     "speed_base_long_outputs": "Base dims, 60 output tokens: where a constant-cost decoder step pays",
     "op_costs_cpu": "per-operation costs of one decoding step (the hard-attention paper's Table 2)",
     "memory": "peak memory of training and decoding",

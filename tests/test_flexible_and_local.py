@@ -134,14 +134,15 @@ def decode_float32(attn, use_kernel, sentences, beam, src_len, steps=10):
     attn.cps.reset()
     torch.manual_seed(1)
     bsz = sentences * beam
-    key = beam_copies(torch.randn(src_len, sentences, EMBED), beam, 1)
+    embed = attn.embed_dim
+    key = beam_copies(torch.randn(src_len, sentences, embed), beam, 1)
     pad = torch.zeros(sentences, src_len, dtype=torch.bool)
     pad[1, :6] = True
     pad = beam_copies(pad, beam, 0)
     state, outs = {}, []
     with torch.no_grad():
         for t in range(steps):
-            outs.append(one_step(attn, torch.randn(1, bsz, EMBED), key, pad, state)[0])
+            outs.append(one_step(attn, torch.randn(1, bsz, embed), key, pad, state)[0])
             if t == steps // 2:  # the last hypothesis of each sentence replaces the others
                 order = torch.arange(bsz).view(sentences, beam)[:, -1:].expand(-1, beam)
                 attn.reorder_incremental_state(state, order.reshape(-1))
@@ -149,13 +150,14 @@ def decode_float32(attn, use_kernel, sentences, beam, src_len, steps=10):
     return torch.cat(outs), centre, attn.cps.summary()
 
 
-@pytest.mark.parametrize("beam", [1, 3])
-def test_c_kernel_decodes_as_the_pytorch_ops(beam):
+@pytest.mark.parametrize("beam, head_dim", [(1, 8), (3, 8), (3, 32), (2, 64)])
+def test_c_kernel_decodes_as_the_pytorch_ops(beam, head_dim):
     """On CPU in float32 decoding runs the C kernel; the same steps with
-    PyTorch ops only (as on GPU) give the same outputs, centres and CPS."""
+    PyTorch ops only (as on GPU) give the same outputs, centres and CPS.
+    Head sizes 32 and 64 run the kernel's specialised copies."""
     assert kernels.flexible_band_function() is not None, "the C kernel did not build"
     torch.manual_seed(0)
-    attn = FlexibleAttention(EMBED, HEADS, encoder_decoder_attention=True, sigma=2.0,
+    attn = FlexibleAttention(HEADS * head_dim, HEADS, encoder_decoder_attention=True, sigma=2.0,
                              threshold=0.9).eval()
     calls = []
     original = kernels.flexible_band_step
@@ -275,6 +277,26 @@ def test_local_window_is_2d_plus_1_around_the_predicted_centre(beam, far_apart):
 def test_invalid_thresholds_are_config_errors(threshold, message):
     with pytest.raises(ConfigError, match=message):
         build_model("transformer_flexible", flexible_threshold=threshold)
+
+
+@pytest.mark.parametrize("arch", ["transformer_flexible", "lstm_flexible"])
+def test_gate_dim_sizes_the_gate_network(arch):
+    model = build_model(arch, flexible_gate_dim=3)
+    attention = next(m for m in model.decoder.modules() if hasattr(m, "gate_hidden"))
+    assert attention.gate_hidden.out_features == 3 and attention.gate_out.in_features == 3
+    src, lengths, prev = random_batch(make_dictionary(), [5, 3])
+    logits, _ = model(src, lengths, prev)
+    logits.sum().backward()
+    assert attention.gate_hidden.weight.grad.abs().sum() > 0
+    default = build_model(arch)
+    attention = next(m for m in default.decoder.modules() if hasattr(m, "gate_hidden"))
+    assert attention.gate_hidden.out_features == attention.gate_hidden.in_features
+
+
+@pytest.mark.parametrize("arch", ["transformer_flexible", "lstm_flexible"])
+def test_gate_dim_must_be_positive(arch):
+    with pytest.raises(ConfigError, match="--flexible-gate-dim must be >= 1, got 0"):
+        build_model(arch, flexible_gate_dim=0)
 
 
 def test_auto_threshold_needs_a_mean_source_length():

@@ -71,18 +71,20 @@ def test_attention_step_costs_side_by_side(tmp_path):
     rows = json.loads(out.read_text())["results"]
     assert [(r["src_len"], r["mechanism"]) for r in rows] == [
         (n, m) for n in (12, 30)
-        for m in ("soft", "hard", "local", "flexible", "flexible_torch_ops")]
+        for m in ("soft", "hard", "local", "flexible", "flexible_torch_ops", "flexible_small_gate")]
     for r in rows:
         assert r["step_us"] > 0 and r["first_step_us"] > 0
         if r["mechanism"] == "soft":
             assert r["ratio"] == 1.0
         if r["mechanism"] != "soft" and r["mechanism"] != "hard":  # the bands skip part of the source
             assert 0 < r["cps"] < r["global_cps"] == r["src_len"]
-    flexible, torch_ops = rows[-2:]  # the C kernel and the PyTorch ops score the same bands
-    assert flexible["cps"] == torch_ops["cps"]
+    flexible, torch_ops, small_gate = rows[-3:]
+    assert flexible["cps"] == torch_ops["cps"]  # the C kernel and the PyTorch ops: same bands
+    assert small_gate["cps"] != flexible["cps"]  # another gate network: other bands
     markdown = (tmp_path / "steps.md").read_text()
-    assert "| 30 | flexible (σ 3, tau 0.50) |" in markdown
-    assert "| 30 | flexible_torch_ops (σ 3, tau 0.50) |" in markdown
+    assert "| 30 | flexible (σ 3, tau 0.50, gate 32) |" in markdown
+    assert "| 30 | flexible_torch_ops (σ 3, tau 0.50, gate 32) |" in markdown
+    assert "| 30 | flexible_small_gate (σ 3, tau 0.50, gate 8) |" in markdown
     # the same modules (same seed) with a smaller σ: narrower bands
     script("attention_step_costs.py", "--src-len", 30, *tiny, "--sigma", 1,
            "--mechanisms", "soft", "flexible", "--json", tmp_path / "narrow.json")

@@ -26,8 +26,9 @@ static float dot(const float *a, const float *b, int64_t n) {
     return sum;
 }
 
-/* Returns 0, or -1 when scratch memory cannot be allocated. */
-int flexible_band_step(
+/* The step; inlined below with head_dim a constant for the usual head
+ * sizes, so that dot products and value sums unroll into registers. */
+static inline __attribute__((always_inline)) int band_step(
     const float *q,            /* (rows, head_dim), unscaled */
     int64_t rows, int64_t head_dim, float scaling,
     const float *k,            /* (kv_rows, src_len, head_dim) */
@@ -113,4 +114,23 @@ int flexible_band_step(
     free(positions);
     free(query);
     return 0;
+}
+
+/* Returns 0, or -1 when scratch memory cannot be allocated. */
+int flexible_band_step(
+    const float *q, int64_t rows, int64_t head_dim, float scaling,
+    const float *k, const float *v, int64_t src_len, const uint8_t *padding,
+    int64_t beam, int64_t heads, const float *centre, const float *gate,
+    float sigma, float two_tau, float penalty_coef,
+    float *out, float *new_centre, int64_t *scored)
+{
+#define BAND_STEP(HEAD_DIM)                                                    \
+    band_step(q, rows, HEAD_DIM, scaling, k, v, src_len, padding, beam, heads, \
+              centre, gate, sigma, two_tau, penalty_coef, out, new_centre, scored)
+    switch (head_dim) {
+    case 32: return BAND_STEP(32);  /* d = 128 with 4 heads (the small preset) */
+    case 64: return BAND_STEP(64);  /* d = 512 with 8 heads (Base) */
+    default: return BAND_STEP(head_dim);
+    }
+#undef BAND_STEP
 }

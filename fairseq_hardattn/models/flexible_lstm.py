@@ -4,7 +4,8 @@ the setting of Shu & Nakayama (2017), whose model is an RNN.
 fairseq's LSTM decoder runs its attention step by step, in training too, so
 the tracked centre p_{t-1} is always the real previous step's (no estimate).
 Options: those of flexible attention (``--flexible-sigma``,
-``--flexible-threshold``, ``--flexible-mean-source-length``, ``--print-cps``),
+``--flexible-threshold``, ``--flexible-mean-source-length``,
+``--flexible-gate-dim``, ``--print-cps``),
 and fairseq's LSTM options (``--decoder-attention`` must stay on).
 """
 
@@ -67,7 +68,8 @@ class FlexibleLSTMModel(ClearCheckpointErrors, FlexibleAttentionOptions, LSTMMod
         cls.measure_mean_source_length(args, task)
         cls.validate_flexible_args(args)
         decoder = functools.partial(FlexibleLSTMDecoder, flexible_options=dict(
-            sigma=args.flexible_sigma, threshold=resolve_threshold(args)))
+            sigma=args.flexible_sigma, threshold=resolve_threshold(args),
+            gate_dim=args.flexible_gate_dim))
         # LSTMModel.build_model constructs LSTMDecoder by name, with no hook
         with mock.patch.object(lstm, "LSTMDecoder", decoder):
             model = super().build_model(args, task)
@@ -76,7 +78,8 @@ class FlexibleLSTMModel(ClearCheckpointErrors, FlexibleAttentionOptions, LSTMMod
 
 
 def flexible_lstm_defaults(args):
-    set_defaults(args, flexible_sigma=3.0, flexible_threshold="auto", print_cps=False)
+    set_defaults(args, flexible_sigma=3.0, flexible_threshold="auto", flexible_gate_dim=None,
+                 print_cps=False)
 
 
 @register_model_architecture(MODEL_NAME, MODEL_NAME)

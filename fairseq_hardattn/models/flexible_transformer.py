@@ -75,7 +75,8 @@ class WindowedAttentionDecoderLayer(AttentionKindDecoderLayer):
         if kind is FlexibleAttention:
             return dict(sigma=cfg.flexible_sigma, threshold=resolve_threshold(cfg),
                         train_passes=cfg.flexible_train_passes,
-                        train_threshold=cfg.flexible_train_threshold)
+                        train_threshold=cfg.flexible_train_threshold,
+                        gate_dim=cfg.flexible_gate_dim)
         return dict(window=cfg.local_window)
 
 
@@ -112,6 +113,10 @@ class FlexibleAttentionOptions:
         parser.add_argument("--flexible-mean-source-length", type=float, metavar="N",
                             help="S̄ for --flexible-threshold auto (default: measured on "
                                  "the validation set when training)")
+        parser.add_argument("--flexible-gate-dim", type=int, metavar="N",
+                            help="hidden size of the gate network W_g (default: the "
+                                 "attention's input size; the paper leaves it open, and "
+                                 "it is a d x N product per decoding step)")
         parser.add_argument("--print-cps", action="store_true",
                             help="count score computations per decoding step and print "
                                  "them at exit")
@@ -120,6 +125,9 @@ class FlexibleAttentionOptions:
     def validate_flexible_args(args, uses_threshold=True):
         if not args.flexible_sigma > 0:
             raise ConfigError(f"--flexible-sigma must be > 0, got {args.flexible_sigma}")
+        gate_dim = getattr(args, "flexible_gate_dim", None)
+        if gate_dim is not None and gate_dim < 1:
+            raise ConfigError(f"--flexible-gate-dim must be >= 1, got {gate_dim}")
         if uses_threshold:
             resolve_threshold(args)
 
@@ -223,7 +231,7 @@ class FlexibleTransformerModel(FlexibleAttentionOptions, HardRetrievalTransforme
 def windowed_base(args):
     set_defaults(args, flexible_sigma=3.0, flexible_threshold="auto",
                  flexible_train_passes=2, flexible_train_threshold=False, local_window=10,
-                 print_cps=False)
+                 flexible_gate_dim=None, print_cps=False)
 
 
 def flexible_kind(args):
