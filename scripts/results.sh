@@ -63,7 +63,8 @@ finetune flexible_ft flexible transformer_flexible_small \
 # rule), where decoding will look: the model adapts to the positions skipped
 finetune flexible_band_ft flexible transformer_flexible_small \
   --criterion label_smoothed_cross_entropy_with_gate --gate-beta 0.1 --flexible-train-threshold
-finetune flexible_gate32_band_ft flexible_gate32 transformer_flexible_small \
+# (--finetune-from-model builds the model from these options: repeat the gate size)
+finetune flexible_gate32_band_ft flexible_gate32 transformer_flexible_small --flexible-gate-dim 32 \
   --criterion label_smoothed_cross_entropy_with_gate --gate-beta 0.1 --flexible-train-threshold
 finetune soft_ft soft transformer_soft_small
 
@@ -218,6 +219,14 @@ if [ "${#CURVES[@]}" -gt 0 ] && [ ! -s "$RESULTS/bleu_vs_cps.json" ]; then
   python "$REPO/scripts/bleu_vs_cps.py" --data "$WORK_DIR/data-bin" "${CURVES[@]}" \
     --tok-ref "$DATA_DIR/tok/test_2016_flickr.de" --thresholds 0.1 0.25 0.5 0.75 1 auto 2 4 inf \
     --out "$RESULTS/bleu_vs_cps.png" --json "$RESULTS/bleu_vs_cps.json" >&2
+fi
+# the d/4 gate network, band-fine-tuned, between tau = 0.75 and the paper's rule
+if [ -f "$WORK_DIR/runs/flexible_gate32_band_ft/checkpoint_avg.pt" ] && \
+    [ ! -s "$RESULTS/bleu_vs_cps_gate32.json" ]; then
+  python "$REPO/scripts/bleu_vs_cps.py" --data "$WORK_DIR/data-bin" --threads 2 \
+    --checkpoint "gate32=$WORK_DIR/runs/flexible_gate32_band_ft/checkpoint_avg.pt" \
+    --tok-ref "$DATA_DIR/tok/test_2016_flickr.de" --thresholds 0.75 0.9 1 1.25 \
+    --out "$RESULTS/bleu_vs_cps_gate32.png" --json "$RESULTS/bleu_vs_cps_gate32.json" >&2
 fi
 for run in soft hard flexible_ft; do
   [ -f "$WORK_DIR/runs/$run/checkpoint_avg.pt" ] && [ ! -s "$RESULTS/attention_$run.png" ] && \

@@ -155,6 +155,7 @@ FILES = {  # what each output of scripts/results.sh shows
     "memory": "peak memory of training and decoding",
     "speed_vs_length": "decoding speed against source length",
     "bleu_vs_cps": "flexible attention: BLEU against score computations per step over τ",
+    "bleu_vs_cps_gate32": "the same for flexible_gate32_band_ft (a d/4 gate network) at τ = 0.75 to 1.25",
     "attention_soft": "cross-attention heatmaps, soft baseline (25-epoch model)",
     "attention_hard": "chosen source positions of hard retrieval attention (25-epoch model)",
     "attention_flexible_ft": "cross-attention of flexible attention after fine-tuning",
