@@ -299,6 +299,13 @@ def test_gate_dim_must_be_positive(arch):
         build_model(arch, flexible_gate_dim=0)
 
 
+def test_gate_dim_zero_is_an_error_in_the_modules_too():
+    with pytest.raises(ValueError, match="gate_dim must be >= 1, got 0"):
+        FlexibleAttention(EMBED, HEADS, encoder_decoder_attention=True, gate_dim=0)
+    with pytest.raises(ValueError, match="gate_dim must be >= 1, got 0"):
+        flexible_attention.FlexibleLSTMAttention(EMBED, EMBED, EMBED, gate_dim=0)
+
+
 def test_auto_threshold_needs_a_mean_source_length():
     with pytest.raises(ConfigError, match="--flexible-threshold auto needs the mean source length"):
         build_model("transformer_flexible", flexible_mean_source_length=None)

@@ -54,6 +54,16 @@ from .hard_retrieval_attention import retrieve
 _CENTRE_STATE = "flexible_centre"
 
 
+def gate_size(gate_dim: Optional[int], input_dim: int) -> int:
+    """Hidden size of the gate network W_g: ``gate_dim``, or the input size
+    when None (0 is an error, not the default)."""
+    if gate_dim is None:
+        return input_dim
+    if gate_dim < 1:
+        raise ValueError(f"flexible attention: gate_dim must be >= 1, got {gate_dim}")
+    return gate_dim
+
+
 def fast_tanh(x: Tensor) -> Tensor:
     """tanh(x), as 2·sigmoid(2x) - 1 where no gradient is needed: the same
     values (to float rounding) and on CPU about 3x faster than torch.tanh,
@@ -310,7 +320,7 @@ class FlexibleAttention(CachedProjectionAttention):
         self.threshold = None if threshold is None or math.isinf(threshold) else threshold
         self.train_passes = train_passes
         self.train_threshold = train_threshold
-        gate_dim = gate_dim or embed_dim
+        gate_dim = gate_size(gate_dim, embed_dim)
         self.gate_hidden = nn.Linear(embed_dim, gate_dim)  # W_g, b_g
         self.gate_out = nn.Linear(gate_dim, num_heads, bias=False)  # v_g, one per head
         nn.init.xavier_uniform_(self.gate_hidden.weight)
@@ -500,7 +510,7 @@ class FlexibleLSTMAttention(nn.Module):
         self.input_proj = nn.Linear(input_embed_dim, source_embed_dim, bias=bias)
         self.output_proj = nn.Linear(input_embed_dim + source_embed_dim, output_embed_dim,
                                      bias=bias)
-        gate_dim = gate_dim or input_embed_dim
+        gate_dim = gate_size(gate_dim, input_embed_dim)
         self.gate_hidden = nn.Linear(input_embed_dim, gate_dim)
         self.gate_out = nn.Linear(gate_dim, 1, bias=False)
         for linear in (self.input_proj, self.output_proj, self.gate_hidden, self.gate_out):
