@@ -57,15 +57,15 @@ finetune() {  # name from arch [flags]
       --finetune-from-model "$WORK_DIR/runs/$from/checkpoint_avg.pt" --lr 0.001 "$@"
   fi
 }
-finetune flexible_ft flexible transformer_flexible_small \
-  --criterion label_smoothed_cross_entropy_with_gate --gate-beta 0.1
+GATE_LOSS=(--criterion label_smoothed_cross_entropy_with_gate --gate-beta 0.1)
+finetune flexible_ft flexible transformer_flexible_small "${GATE_LOSS[@]}"
 # the same fine-tuning attending only within the bands of tau (the paper's
 # rule), where decoding will look: the model adapts to the positions skipped
-finetune flexible_band_ft flexible transformer_flexible_small \
-  --criterion label_smoothed_cross_entropy_with_gate --gate-beta 0.1 --flexible-train-threshold
+finetune flexible_band_ft flexible transformer_flexible_small "${GATE_LOSS[@]}" \
+  --flexible-train-threshold
 # (--finetune-from-model builds the model from these options: repeat the gate size)
 finetune flexible_gate32_band_ft flexible_gate32 transformer_flexible_small --flexible-gate-dim 32 \
-  --criterion label_smoothed_cross_entropy_with_gate --gate-beta 0.1 --flexible-train-threshold
+  "${GATE_LOSS[@]}" --flexible-train-threshold
 finetune soft_ft soft transformer_soft_small
 
 # --- test2016 BLEU ------------------------------------------------------------
