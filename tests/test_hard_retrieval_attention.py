@@ -295,3 +295,47 @@ def test_module_exposes_no_dense_tensor_in_autograd_graph():
     assert all(x.numel() < n * t * s for x in saved if x.dim() == 2)
     assert not any(x.shape == (n, t, s) for x in saved)
     assert math.prod(saved[0].shape) == n * s * d
+
+
+def test_straight_through_argmax_training_retrieves_what_inference_retrieves():
+    torch.manual_seed(0)
+    attn = position_revealing_attention(train_retrieval="argmax")
+    key = keys_with_positions(7, 3)
+    query = torch.randn(4, 3, EMBED, dtype=torch.float64, requires_grad=True)
+    trained, _ = attn.train()(query, key, key, static_kv=True)
+    inferred, _ = attn.eval()(query, key, key, static_kv=True)
+    assert torch.equal(retrieved_positions(trained), retrieved_positions(inferred))
+    trained.sum().backward()  # the straight-through gradient reaches the queries
+    assert query.grad.abs().sum() > 0
+
+
+def test_annealing_starts_soft_and_ends_hard():
+    torch.manual_seed(0)
+    attn = position_revealing_attention(anneal_updates=100).train()
+    key = keys_with_positions(6, 2)
+    query = torch.randn(3, 2, EMBED, dtype=torch.float64)
+    # the soft reference, P·V per head (v_proj and out_proj are the identity)
+    q = attn.q_proj(query).view(3, 2 * HEADS, HEAD_DIM).transpose(0, 1) * attn.scaling
+    k = attn.k_proj(key).view(6, 2 * HEADS, HEAD_DIM).transpose(0, 1)
+    v = key.view(6, 2 * HEADS, HEAD_DIM).transpose(0, 1)
+    expected = torch.bmm(torch.softmax(q @ k.transpose(1, 2), -1), v)
+    expected = expected.transpose(0, 1).reshape(3, 2, EMBED)
+    attn.set_num_updates(0)
+    assert attn.hard_share() == 0.0
+    out, _ = attn(query, key, key, static_kv=True)
+    torch.testing.assert_close(out, expected)
+    attn.set_num_updates(50)
+    assert attn.hard_share() == 0.5
+    attn.set_num_updates(100)
+    out, _ = attn(query, key, key, static_kv=True)
+    positions = out[..., ::HEAD_DIM]
+    assert torch.equal(positions, positions.round())  # every row retrieved one key
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(train_retrieval="gumbel"), "train_retrieval must be one of"),
+    (dict(anneal_updates=-1), "anneal_updates must be >= 0"),
+])
+def test_training_options_are_validated(options, message):
+    with pytest.raises(ValueError, match=message):
+        HardRetrievalAttention(EMBED, HEADS, self_attention=True, **options)

@@ -42,7 +42,8 @@ from fairseq.modules.transformer_layer import (
 )
 
 from ..errors import ClearCheckpointErrors, ConfigError
-from ..modules import ATTENTION_KINDS, attention_class
+from ..modules import ATTENTION_KINDS, HardRetrievalAttention, attention_class
+from ..modules.hard_retrieval_attention import TRAIN_RETRIEVALS
 
 logger = logging.getLogger(__name__)
 
@@ -105,15 +106,25 @@ def wrap_layer(layer, cfg):
     return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap if not checkpoint else 0)
 
 
+def kind_options(kind, cfg):
+    """Constructor options an attention kind adds to MultiheadAttention's."""
+    if issubclass(kind, HardRetrievalAttention):
+        return dict(train_retrieval=cfg.hard_train_retrieval,
+                    anneal_updates=cfg.hard_anneal_updates)
+    return {}
+
+
 class AttentionKindEncoderLayer(TransformerEncoderLayerBase):
     def build_self_attention(self, embed_dim, cfg):
-        return attention_kind(cfg, "enc_self_attn_kind")(
+        kind = attention_kind(cfg, "enc_self_attn_kind")
+        return kind(
             embed_dim,
             cfg.encoder.attention_heads,
             dropout=cfg.attention_dropout,
             self_attention=True,
             q_noise=self.quant_noise,
             qn_block_size=self.quant_noise_block_size,
+            **kind_options(kind, cfg),
         )
 
 
@@ -125,7 +136,8 @@ class AttentionKindDecoderLayer(TransformerDecoderLayerBase):
     def build_self_attention(
         self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False
     ):
-        return attention_kind(cfg, "dec_self_attn_kind", self.self_attention_kinds)(
+        kind = attention_kind(cfg, "dec_self_attn_kind", self.self_attention_kinds)
+        return kind(
             embed_dim,
             cfg.decoder.attention_heads,
             dropout=cfg.attention_dropout,
@@ -134,6 +146,7 @@ class AttentionKindDecoderLayer(TransformerDecoderLayerBase):
             self_attention=not cfg.cross_self_attention,
             q_noise=self.quant_noise,
             qn_block_size=self.quant_noise_block_size,
+            **kind_options(kind, cfg),
         )
 
     def build_encoder_attention(self, embed_dim, cfg):
@@ -147,6 +160,7 @@ class AttentionKindDecoderLayer(TransformerDecoderLayerBase):
             encoder_decoder_attention=True,
             q_noise=self.quant_noise,
             qn_block_size=self.quant_noise_block_size,
+            **kind_options(kind, cfg),
             **self.cross_attention_options(kind, cfg),
         )
 
@@ -183,6 +197,14 @@ class HardRetrievalTransformerModel(ClearCheckpointErrors, TransformerModel):
                 choices=kinds,
                 help=f"attention kind of the {sublayer} (default: the architecture's)",
             )
+        parser.add_argument("--hard-train-retrieval", choices=TRAIN_RETRIEVALS,
+                            help="how hard retrieval attention picks its key in training: "
+                                 "sampled from the attention distribution (the paper) or its "
+                                 "argmax, as at inference (straight-through argmax)")
+        parser.add_argument("--hard-anneal-updates", type=int, metavar="N",
+                            help="soft-to-hard curriculum: over the first N updates a rising "
+                                 "share (updates/N) of training queries retrieves hard, the "
+                                 "others attend softly (default 0: hard from the start)")
 
     # option -> the kinds it accepts in this family
     kind_choices = {option: ATTENTION_KINDS for option in ATTENTION_KIND_OPTIONS}
@@ -192,6 +214,8 @@ class HardRetrievalTransformerModel(ClearCheckpointErrors, TransformerModel):
     @classmethod
     def validate_args(cls, args):
         """Raise ``ConfigError`` for options no model of this family can build."""
+        if args.hard_anneal_updates < 0:
+            raise ConfigError(f"--hard-anneal-updates must be >= 0, got {args.hard_anneal_updates}")
         for option, kinds in cls.kind_choices.items():
             value = getattr(args, option, None)
             flag = "--" + option.replace("_", "-")
@@ -254,6 +278,7 @@ def hard_in(args, *sublayers):
 def base_architecture(args):
     """Transformer Base dims; every kind soft unless an option says otherwise."""
     set_defaults(args, **{option: "soft" for option in ATTENTION_KIND_OPTIONS})
+    set_defaults(args, hard_train_retrieval="sample", hard_anneal_updates=0)
     fairseq_base_architecture(args)
 
 

@@ -121,8 +121,19 @@ def queries_without_keys(
     return None if bool(has_key.all()) else ~has_key
 
 
+# how training picks the retrieved key: drawn from P (the paper), or P's
+# argmax as at inference (straight-through argmax)
+TRAIN_RETRIEVALS = ("sample", "argmax")
+
+
 class HardRetrievalAttention(CachedProjectionAttention):
     """Drop-in replacement for fairseq's ``MultiheadAttention``.
+
+    Training options: ``train_retrieval`` (``TRAIN_RETRIEVALS``) and
+    ``anneal_updates`` N: over the first N updates each query row (per head)
+    is retrieved hard with probability num_updates / N and attends softly
+    (P·V) otherwise, a curriculum from soft to hard attention; 0: hard from
+    the start. Both leave inference unchanged.
 
     A query with no unmasked key (all-masked row) attends to nothing: its
     output is zero before the output projection, in training and inference.
@@ -135,9 +146,29 @@ class HardRetrievalAttention(CachedProjectionAttention):
     dense one-hot would cost what hard attention saves.
     """
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, train_retrieval: str = "sample", anneal_updates: int = 0,
+                 **kwargs):
         super().__init__(*args, **kwargs)
+        if train_retrieval not in TRAIN_RETRIEVALS:
+            raise ValueError(f"hard retrieval attention: train_retrieval must be one of "
+                             f"{TRAIN_RETRIEVALS}, got {train_retrieval!r}")
+        if anneal_updates < 0:
+            raise ValueError(f"hard retrieval attention: anneal_updates must be >= 0, "
+                             f"got {anneal_updates}")
+        self.train_retrieval = train_retrieval
+        self.anneal_updates = anneal_updates
+        self.num_updates = 0
         self.build_alignment = False
+
+    def set_num_updates(self, num_updates: int):
+        """fairseq's trainer calls this on every module before each update."""
+        self.num_updates = num_updates
+
+    def hard_share(self) -> float:
+        """Probability that a training query row is retrieved hard."""
+        if self.anneal_updates == 0:
+            return 1.0
+        return min(1.0, self.num_updates / self.anneal_updates)
 
     def make_generation_fast_(self, need_attn: bool = False, **kwargs):
         self.build_alignment = need_attn
@@ -197,8 +228,17 @@ class HardRetrievalAttention(CachedProjectionAttention):
         sampling_weights = dropped.detach()
         if dropped is not probs:
             sampling_weights = sampling_weights + _ALL_DROPPED_FALLBACK_EPS * probs.detach()
-        indices = sample_key_indices(sampling_weights)
+        if self.train_retrieval == "argmax":
+            indices = scores.argmax(dim=-1)
+        else:
+            indices = sample_key_indices(sampling_weights)
         out = StraightThroughRetrieval.apply(dropped, v, indices)
+        share = self.hard_share()
+        if share < 1.0:
+            # the curriculum: the other rows attend softly, with exact gradients
+            soft = torch.bmm(dropped.type_as(v), v)
+            hard_rows = torch.rand(out.shape[:-1] + (1,), device=out.device) < share
+            out = torch.where(hard_rows, out, soft)
         probs = probs.detach()
         if empty is not None:
             out = out.masked_fill(empty, 0.0)
