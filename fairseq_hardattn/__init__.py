@@ -8,9 +8,11 @@ and makes configuration errors print in one line.
 
 from . import batching_fix  # noqa: F401
 from . import checkpoint_compat  # noqa: F401  (before anything loads a checkpoint)
+from . import fairseq_compat
 from .errors import ConfigError, install_error_hook
 from . import criterions, models  # noqa: F401
 
+fairseq_compat.install()
 install_error_hook()
 
 __all__ = ["ConfigError", "registered_architectures"]

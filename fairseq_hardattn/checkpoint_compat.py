@@ -19,7 +19,9 @@ _numpy_multiarray = getattr(numpy, "_core", None) or numpy.core  # numpy 2 / 1
 
 
 def _safe_globals():
-    allowed = [argparse.Namespace, numpy.ndarray, numpy.dtype]
+    from .fairseq_compat import PluginModelArgs
+
+    allowed = [argparse.Namespace, PluginModelArgs, numpy.ndarray, numpy.dtype]
     for name in ("_reconstruct", "scalar"):
         fn = getattr(_numpy_multiarray.multiarray, name)
         allowed.append(fn)

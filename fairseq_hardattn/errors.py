@@ -9,39 +9,120 @@ so the plugin installs an exception hook that prints only that line (for
 than the model's maximum positions).
 """
 
+import os
 import re
 import sys
+import traceback
 
 
 class ConfigError(ValueError):
     """An invalid option, option combination, checkpoint or input."""
 
 
-# fairseq's own errors about user input, raised as bare Exceptions
-_FAIRSEQ_INPUT_ERRORS = (re.compile(r"Size of sample #\d+ is invalid"),)
+_CUDA_FLAGS = ("--fp16", "--memory-efficient-fp16", "--amp", "--bf16", "--memory-efficient-bf16")
 
 
-def _is_input_error(exc):
-    return isinstance(exc, ConfigError) or (
-        type(exc) is Exception and any(p.match(str(exc)) for p in _FAIRSEQ_INPUT_ERRORS))
+def _cuda_missing(match):
+    flags = [flag for flag in _CUDA_FLAGS if flag in sys.argv]
+    if flags:
+        return (f"{flags[0]} needs a CUDA GPU and torch finds none: train or decode on "
+                f"the CPU without {flags[0]}")
+    return "this command runs on a CUDA GPU and torch finds none: add --cpu"
+
+
+# errors fairseq and torch raise for a user's input, as (exception type, exact
+# type only, pattern of the message, what to say: None = the message itself)
+_INPUT_ERRORS = (
+    (Exception, True, re.compile(r"Size of sample #\d+ is invalid"), None),
+    (AssertionError, False, re.compile(r"Torch not compiled with CUDA enabled"), _cuda_missing),
+    (RuntimeError, False, re.compile(r"Found no NVIDIA driver|No CUDA GPUs are available"),
+     _cuda_missing),
+    (OSError, False, re.compile(r"Model file not found: (.*)"),
+     lambda match: f"no checkpoint at {match.group(1)} (--path)"),
+)
+
+
+def one_line(exc):
+    """The line to print for ``exc``, or None when it is not a user's error."""
+    if isinstance(exc, ConfigError):
+        return str(exc)
+    for exc_type, exact, pattern, say in _INPUT_ERRORS:
+        if type(exc) is exc_type if exact else isinstance(exc, exc_type):
+            match = pattern.search(str(exc))
+            if match:
+                return str(exc) if say is None else f"{say(match)} [{type(exc).__name__}: {exc}]"
+    return None
+
+
+def _debugging():
+    # fairseq's command-line tools take their log level from LOGLEVEL (Hydra
+    # turns the root logger to DEBUG while it composes configurations)
+    return os.environ.get("LOGLEVEL", "").upper() == "DEBUG"
 
 
 def _report_config_errors(exc_type, exc, tb, _previous=sys.excepthook):
-    if _is_input_error(exc):
-        print(f"fairseq-hardattn: error: {exc}", file=sys.stderr)
+    line = one_line(exc)
+    if line is None:
+        _previous(exc_type, exc, tb)
         return
-    _previous(exc_type, exc, tb)
+    if _debugging():  # LOGLEVEL=DEBUG: the whole story, then the line
+        traceback.print_exception(exc_type, exc, tb)
+    print(f"fairseq-hardattn: error: {line}", file=sys.stderr)
 
 
 def install_error_hook():
-    """Print ``ConfigError``s in one line when they reach the top level."""
+    """Print ``ConfigError``s and known input errors in one line when they
+    reach the top level (``LOGLEVEL=DEBUG`` adds the traceback)."""
     if sys.excepthook is not _report_config_errors:
         sys.excepthook = _report_config_errors
 
 
+def data_dir(task):
+    """The data directory a task reads its dictionaries from, if it says."""
+    return getattr(getattr(task, "cfg", None), "data", None) or getattr(
+        getattr(task, "args", None), "data", None)
+
+
+def check_joined_dictionary(args, task):
+    """``--share-all-embeddings`` needs one dictionary for both languages
+    (fairseq raises a bare ValueError deep in its build_model)."""
+    if not getattr(args, "share_all_embeddings", False):
+        return
+    src, tgt = task.source_dictionary, task.target_dictionary
+    if src != tgt:
+        data = data_dir(task) or "the data directory"
+        raise ConfigError(
+            f"--share-all-embeddings needs one dictionary for both languages, but {data} has "
+            f"two ({len(src)} and {len(tgt)} entries): binarize with fairseq-preprocess "
+            "--joined-dictionary, or drop --share-all-embeddings")
+
+
+# parameters whose first dimension is a dictionary's size, by the side they belong to
+_VOCABULARY_PARAMETERS = {"encoder.embed_tokens.weight": "source",
+                          "decoder.embed_tokens.weight": "target",
+                          "decoder.output_projection.weight": "target"}
+
+
 class ClearCheckpointErrors:
-    """Model mixin: a checkpoint of another family (or size) fails with one
-    line naming what does not fit, not torch's list of every parameter."""
+    """Model mixin: a checkpoint of another family (or size, or vocabulary)
+    fails with one line naming what does not fit, not torch's list of every
+    parameter."""
+
+    # the data directory whose dictionaries built the model (set by build_model)
+    data_dir = None
+
+    def vocabulary_mismatch(self, state_dict):
+        """A line naming both dictionary sizes, or None when they agree."""
+        expected = self.state_dict()
+        for name, side in _VOCABULARY_PARAMETERS.items():
+            if name in state_dict and name in expected:
+                trained, built = state_dict[name].size(0), expected[name].size(0)
+                if trained != built:
+                    data = self.data_dir or "the data directory"
+                    return (f"the checkpoint's {side} dictionary has {trained} entries, but "
+                            f"the one in {data} has {built}: decode with the binarized data "
+                            "(dict.*.txt) the model was trained with")
+        return None
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
         try:
@@ -49,6 +130,9 @@ class ClearCheckpointErrors:
         except RuntimeError as err:
             if "Error(s) in loading state_dict" not in str(err):
                 raise
+            vocabulary = self.vocabulary_mismatch(state_dict)
+            if vocabulary:
+                raise ConfigError(vocabulary) from None
             expected = self.state_dict()
             missing = sorted(set(expected) - set(state_dict))
             unexpected = sorted(set(state_dict) - set(expected))

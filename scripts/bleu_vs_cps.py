@@ -26,7 +26,7 @@ logging.getLogger("fairseq").setLevel(logging.WARNING)
 import torch  # noqa: E402
 from fairseq import checkpoint_utils  # noqa: E402
 
-from fairseq_hardattn import benchmark  # noqa: E402
+from fairseq_hardattn import ConfigError, benchmark  # noqa: E402
 from fairseq_hardattn.plotting import pyplot, save_line_plot  # noqa: E402
 from fairseq_hardattn.scoring import tokenized_bleu  # noqa: E402
 
@@ -90,8 +90,11 @@ def main(argv=None):
 
 def measure(parser, task, batches, label, checkpoint, threshold, args):
     """Decode the test set with one checkpoint at one τ: its CPS and BLEU."""
-    models, _ = checkpoint_utils.load_model_ensemble(
-        [checkpoint], arg_overrides={"flexible_threshold": threshold}, task=task)
+    try:
+        models, _ = checkpoint_utils.load_model_ensemble(
+            [checkpoint], arg_overrides={"flexible_threshold": threshold}, task=task)
+    except ConfigError as error:  # e.g. the threshold does not apply to its family
+        parser.error(f"{checkpoint} has no flexible attention ({error})")
     model = models[0]
     if not hasattr(model, "cps_summary"):
         parser.error(f"{checkpoint} has no flexible attention")

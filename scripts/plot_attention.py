@@ -29,7 +29,7 @@ from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
 
 from fairseq_hardattn.benchmark import setup_translation_task  # noqa: E402
 from fairseq_hardattn.plotting import pyplot  # noqa: E402
-from fairseq_hardattn.modules import FlexibleAttention, HardRetrievalAttention  # noqa: E402
+from fairseq_hardattn.modules import FlexibleAttention  # noqa: E402
 
 SUBLAYERS = {"cross": ("decoder", "encoder_attn"), "decoder-self": ("decoder", "self_attn"),
              "encoder-self": ("encoder", "self_attn")}
@@ -45,8 +45,6 @@ def capture_weights(model, sublayer):
         module = getattr(layer, name)
         if module is None:
             raise SystemExit(f"plot_attention: this model has no {sublayer} attention")
-        if isinstance(module, HardRetrievalAttention):
-            module.build_alignment = True  # the chosen indices, as one-hot rows
         original = module.forward
 
         def forward(*args, _original=original, **kwargs):
@@ -66,8 +64,6 @@ def capture_weights(model, sublayer):
     finally:
         for module in patched:
             del module.forward  # back to the class's forward
-            if isinstance(module, HardRetrievalAttention):
-                module.build_alignment = False
 
 
 def gate_trace(model, task, sample):

@@ -6,7 +6,7 @@ from fairseq.sequence_generator import SequenceGenerator
 
 from fairseq_hardattn import ConfigError
 from fairseq_hardattn.models.cross_self_transformer import SHARING_LEVELS
-from fairseq_hardattn.modules import AverageAttention, CrossSelfAttention
+from fairseq_hardattn.modules import AverageAttention, CrossSelfAttention, sentence_groups
 
 from conftest import build_model, make_dictionary, random_batch
 
@@ -52,16 +52,17 @@ def test_cross_self_initialises_like_fairseqs_own_so_training_is_the_same():
 
 
 @pytest.mark.parametrize("beamable", [False, True])
-def test_cross_self_decoding_never_copies_the_source_part(beamable):
-    """Our models pass the generator's beam size to the decoder, so encoder K/V
-    are stored per sentence (fairseq's own TransformerModel drops it: then per
-    hypothesis); either way the source part is not copied when the beam
-    reorders within sentences."""
+def test_cross_self_decoding_never_copies_the_source_part(beamable, monkeypatch):
+    """Our models read the hypotheses per sentence from the decoding call, so
+    encoder K/V are stored per sentence (without that count: per hypothesis,
+    as fairseq's own TransformerModel stores them); either way the source
+    part is not copied when the beam reorders within sentences."""
     torch.manual_seed(0)
     d = make_dictionary()
     model = build_model("transformer_cross_self", d).eval()
+    ungrouped = lambda *args: [torch.tensor(1)]  # noqa: E731
     if not beamable:
-        model.set_beam_size = lambda beam_size: None  # as fairseq's TransformerModel
+        monkeypatch.setattr(sentence_groups, "reordered_count", ungrouped)
     attn = model.decoder.layers[0].self_attn
     seen = []
     original = CrossSelfAttention.reorder_incremental_state
@@ -85,8 +86,7 @@ def test_cross_self_decoding_never_copies_the_source_part(beamable):
     assert all(same for stored, hyps, same in seen if stored * (4 if beamable else 1) == hyps)
     assert any(not same for stored, hyps, same in seen)  # finished sentences are dropped
     if beamable:
-        model.decoder.set_beam_size(1)
-        model.set_beam_size = lambda beam_size: None
+        monkeypatch.setattr(sentence_groups, "reordered_count", ungrouped)
         assert hypotheses(model, d, src, src_lengths, beam=4) == beam_hyps
 
 

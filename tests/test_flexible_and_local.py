@@ -10,15 +10,19 @@ from fairseq_hardattn import ConfigError, kernels
 from fairseq_hardattn.criterions.label_smoothed_cross_entropy_with_gate import (
     LabelSmoothedCrossEntropyWithGateCriterion,
 )
-from fairseq_hardattn.modules import FlexibleAttention, LocalAttention, flexible_attention
+from fairseq_hardattn.modules import (FlexibleAttention, LocalAttention, flexible_attention,
+                                       sentence_groups)
 
 from conftest import TinyTask, build_model, make_dictionary, random_batch
 
 EMBED, HEADS = 16, 2
 
 
-def one_step(attn, query, key, pad=None, state=None):
-    state = {} if state is None else state
+def one_step(attn, query, key, pad=None, state=None, beam=1):
+    """One decoding step; a new state holds ``beam`` hypotheses per sentence."""
+    if state is None:
+        state = {}
+        sentence_groups.set_hypotheses_per_sentence(state, beam)
     out, _ = attn(query, key, key, key_padding_mask=pad, static_kv=True, incremental_state=state)
     return out, state
 
@@ -43,15 +47,13 @@ def test_band_is_exactly_the_positions_whose_penalty_is_below_tau(beam, far_apar
     bsz = sentences * beam
     attn = FlexibleAttention(EMBED, HEADS, encoder_decoder_attention=True, sigma=sigma,
                              threshold=tau).double().eval()
-    attn.set_beam_size(beam)
     attn.cps.enabled = True
     key = beam_copies(torch.randn(src_len, sentences, EMBED, dtype=torch.float64), beam, 1)
     pad = torch.zeros(sentences, src_len, dtype=torch.bool)
     pad[1, :4] = True
     pad = beam_copies(pad, beam, 0)
     query = torch.randn(1, bsz, EMBED, dtype=torch.float64)
-    state = {}
-    one_step(attn, query, key, pad, state)
+    _, state = one_step(attn, query, key, pad, beam=beam)
     # previous centres anywhere in the (unpadded) sentences, so that the
     # hypotheses of a sentence lie far apart
     centres = (4 + torch.rand(bsz, HEADS) * (src_len - 5)).double()  # the penalty is float32
@@ -129,7 +131,6 @@ def decode_float32(attn, use_kernel, sentences, beam, src_len, steps=10):
     """A float32 beam decoding pass (left-padded sources, hypotheses reordered
     within their sentences midway): outputs, final centres, CPS summary."""
     attn.use_kernel = use_kernel
-    attn.set_beam_size(beam)
     attn.cps.enabled = True
     attn.cps.reset()
     torch.manual_seed(1)
@@ -140,6 +141,7 @@ def decode_float32(attn, use_kernel, sentences, beam, src_len, steps=10):
     pad[1, :6] = True
     pad = beam_copies(pad, beam, 0)
     state, outs = {}, []
+    sentence_groups.set_hypotheses_per_sentence(state, beam)
     with torch.no_grad():
         for t in range(steps):
             outs.append(one_step(attn, torch.randn(1, bsz, embed), key, pad, state)[0])
@@ -250,7 +252,6 @@ def test_training_threshold_needs_a_finite_threshold_to_train_not_to_decode():
 def test_local_window_is_2d_plus_1_around_the_predicted_centre(beam, far_apart):
     torch.manual_seed(0)
     attn = LocalAttention(EMBED, HEADS, encoder_decoder_attention=True, window=2).double().eval()
-    attn.set_beam_size(beam)
     if far_apart:  # sentence 0's hypotheses at both ends: windows of their own
         fixed = torch.full((3 * beam * HEADS, 1), 8.0, dtype=torch.float64)
         fixed[:HEADS], fixed[HEADS:2 * HEADS], fixed[4 * HEADS:] = 1.0, 18.0, 17.0
@@ -262,7 +263,7 @@ def test_local_window_is_2d_plus_1_around_the_predicted_centre(beam, far_apart):
     pad = beam_copies(pad, beam, 0)
     query = torch.randn(1, 3 * beam, EMBED, dtype=torch.float64)
     full, _ = attn(query, key, key, key_padding_mask=pad, static_kv=True)
-    out, _ = one_step(attn, query, key, pad)
+    out, _ = one_step(attn, query, key, pad, beam=beam)
     torch.testing.assert_close(out, full)
     assert float(attn.cps.scored) <= 3 * beam * HEADS * 5  # 2D+1 = 5 positions at most
     summary = attn.cps.summary()

@@ -10,6 +10,7 @@ from fairseq_hardattn.modules import (
     HardRetrievalAttention,
     StraightThroughRetrieval,
     sample_key_indices,
+    sentence_groups,
 )
 
 EMBED, HEADS = 16, 2
@@ -161,8 +162,9 @@ def test_eval_output_is_argmax_gather_of_raw_scores():
     query = torch.randn(tgt_len, bsz, EMBED, dtype=torch.float64)
     pad = torch.zeros(bsz, src_len, dtype=torch.bool)
     pad[1, :2] = True
-    out, weights = attn(query, key, key, key_padding_mask=pad, static_kv=True)
-    assert weights is None  # no dense one-hot unless alignment is asked for
+    out, weights = attn(query, key, key, key_padding_mask=pad, static_kv=True,
+                        need_weights=False)
+    assert weights is None  # no dense one-hot unless weights are asked for
 
     q = attn.q_proj(query).view(tgt_len, bsz * HEADS, HEAD_DIM).transpose(0, 1)
     k = attn.k_proj(key).view(src_len, bsz * HEADS, HEAD_DIM).transpose(0, 1)
@@ -175,12 +177,14 @@ def test_eval_output_is_argmax_gather_of_raw_scores():
     torch.testing.assert_close(out, expected)
 
 
-def test_alignment_weights_are_one_hot_only_when_asked():
+def test_alignment_weights_are_one_hot_in_whole_sequence_passes_only():
     torch.manual_seed(0)
     attn = HardRetrievalAttention(EMBED, HEADS, encoder_decoder_attention=True).double().eval()
     key = torch.randn(5, 2, EMBED, dtype=torch.float64)
     query = torch.randn(3, 2, EMBED, dtype=torch.float64)
-    attn.make_generation_fast_(need_attn=True)
+    _, per_step = attn(query[:1], key, key, static_kv=True, need_weights=True,
+                       incremental_state={})
+    assert per_step is None  # decoding steps build no dense one-hot
     _, per_head = attn(query, key, key, static_kv=True, need_head_weights=True)
     assert per_head.shape == (HEADS, 2, 3, 5)
     assert set(per_head.unique().tolist()) <= {0.0, 1.0}
@@ -251,8 +255,8 @@ def test_sentence_grouped_keys_match_per_hypothesis_keys():
     pad[:beam, :2] = True
     query = torch.randn(1, sentences * beam, EMBED, dtype=torch.float64)
     expected, _ = attn(query, key, key, key_padding_mask=pad, static_kv=True)
-    attn.set_beam_size(beam)
     state = {}
+    sentence_groups.set_hypotheses_per_sentence(state, beam)
     grouped, _ = attn(query, key, key, key_padding_mask=pad, static_kv=True,
                       incremental_state=state)
     assert attn._get_input_buffer(state)["prev_key"].size(0) == sentences

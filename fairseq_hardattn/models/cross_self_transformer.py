@@ -47,6 +47,20 @@ class CrossSelfDecoderLayer(AttentionKindDecoderLayer):
     # cfg.cross_self_attention is set, and feeds it [encoder; decoder] states
     self_attention_kinds = CROSS_SELF_KINDS
 
+    def forward(self, x, encoder_out=None, encoder_padding_mask=None, incremental_state=None,
+                *args, need_attn=False, need_head_weights=False, **kwargs):
+        """fairseq's layer, returning the cross+self attention's weights over
+        the source (its only attention over the source) as the layer's
+        alignment, in evaluation passes over whole sequences."""
+        asked = (need_attn or need_head_weights) and incremental_state is None and not self.training
+        self.self_attn.alignment_request = need_head_weights if asked else None
+        try:
+            return super().forward(x, encoder_out, encoder_padding_mask, incremental_state, *args,
+                                   need_attn=need_attn, need_head_weights=need_head_weights,
+                                   **kwargs)
+        finally:
+            self.self_attn.alignment_request = None
+
 
 class LayerwiseCrossSelfDecoderLayer(CrossSelfDecoderLayer):
     """Attends to the encoder layer of its own depth, which the decoder hands

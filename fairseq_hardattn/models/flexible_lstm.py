@@ -15,7 +15,8 @@ from unittest import mock
 from fairseq.models import lstm, register_model, register_model_architecture
 from fairseq.models.lstm import LSTMDecoder, LSTMModel
 
-from ..errors import ClearCheckpointErrors, ConfigError
+from ..fairseq_compat import mark_plugin_args
+from ..errors import ClearCheckpointErrors, ConfigError, check_joined_dictionary, data_dir
 from ..modules import FlexibleLSTMAttention
 from .flexible_transformer import FlexibleAttentionOptions, resolve_threshold
 from .hard_retrieval_transformer import set_defaults
@@ -47,6 +48,12 @@ class FlexibleLSTMDecoder(LSTMDecoder):
                 self.set_incremental_state(incremental_state, _CENTRE_STATE,
                                            {"centre": self.attention.centre})
 
+    def make_generation_fast_(self, need_attn=False, **kwargs):
+        """Keep returning each step's attention, which the LSTM computes anyway:
+        alignments (``--print-alignment``, the hub's ``print_alignment``) come
+        from it, also when only the call asks for them."""
+        super().make_generation_fast_(need_attn=True, **kwargs)
+
     def reorder_incremental_state(self, incremental_state, new_order):
         super().reorder_incremental_state(incremental_state, new_order)
         state = self.get_incremental_state(incremental_state, _CENTRE_STATE)
@@ -67,12 +74,15 @@ class FlexibleLSTMModel(ClearCheckpointErrors, FlexibleAttentionOptions, LSTMMod
         flexible_lstm_defaults(args)
         cls.measure_mean_source_length(args, task)
         cls.validate_flexible_args(args)
+        check_joined_dictionary(args, task)
+        mark_plugin_args(args)
         decoder = functools.partial(FlexibleLSTMDecoder, flexible_options=dict(
             sigma=args.flexible_sigma, threshold=resolve_threshold(args),
             gate_dim=args.flexible_gate_dim))
         # LSTMModel.build_model constructs LSTMDecoder by name, with no hook
         with mock.patch.object(lstm, "LSTMDecoder", decoder):
             model = super().build_model(args, task)
+        model.data_dir = data_dir(task)
         model.finish_build(args)
         return model
 

@@ -41,8 +41,9 @@ from fairseq.modules.transformer_layer import (
     TransformerEncoderLayerBase,
 )
 
-from ..errors import ClearCheckpointErrors, ConfigError
-from ..modules import ATTENTION_KINDS, HardRetrievalAttention, attention_class
+from ..fairseq_compat import mark_plugin_args
+from ..errors import ClearCheckpointErrors, ConfigError, check_joined_dictionary, data_dir
+from ..modules import ATTENTION_KINDS, HardRetrievalAttention, attention_class, sentence_groups
 from ..modules.hard_retrieval_attention import TRAIN_RETRIEVALS
 
 logger = logging.getLogger(__name__)
@@ -90,11 +91,11 @@ def warn_if_preset_overruled(args):
     differing = {option: getattr(args, option) for option in ATTENTION_KIND_OPTIONS
                  if getattr(preset, option, None) != getattr(args, option, None)}
     if differing:
+        wanted = {option: getattr(preset, option) for option in differing}
         logger.warning(
-            "%s was trained as %s with %s, which the preset %s does not change; to decode "
-            "with other attention kinds, override those options (e.g. "
-            "--model-overrides \"{'dec_self_attn_kind': 'hard', 'dec_cross_attn_kind': 'hard'}\")",
-            "the checkpoint", args.arch, differing, name)
+            "the checkpoint was trained as %s with %s, which the preset %s does not change; "
+            "to decode with the preset's kinds, override those options: "
+            "--model-overrides \"%s\"", args.arch, differing, name, wanted)
 
 
 def wrap_layer(layer, cfg):
@@ -175,12 +176,25 @@ class AttentionKindEncoder(TransformerEncoderBase):
     def build_encoder_layer(self, cfg):
         return wrap_layer(self.layer_class(cfg, return_fc=self.return_fc), cfg)
 
+    def reorder_encoder_out(self, encoder_out, new_order):
+        """fairseq's reorder, plus how many hypotheses each sentence now has
+        (``sentence_groups``): decoding keeps encoder K/V once per sentence."""
+        return sentence_groups.record_count(
+            encoder_out, super().reorder_encoder_out(encoder_out, new_order), new_order)
+
 
 class AttentionKindDecoder(TransformerDecoderBase):
     layer_class = AttentionKindDecoderLayer
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
         return wrap_layer(self.layer_class(cfg, no_encoder_attn), cfg)
+
+    def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None,
+                         **kwargs):
+        if incremental_state is not None:
+            sentence_groups.start_step(incremental_state, encoder_out, grouped=not self.training)
+        return super().extract_features(prev_output_tokens, encoder_out, incremental_state,
+                                        **kwargs)
 
 
 @register_model(MODEL_NAME)
@@ -234,18 +248,19 @@ class HardRetrievalTransformerModel(ClearCheckpointErrors, TransformerModel):
     def build_model(cls, args, task):
         base_architecture(args)
         cls.validate_args(args)
+        check_joined_dictionary(args, task)
+        mark_plugin_args(args)
         warn_if_preset_overruled(args)
-        return super().build_model(args, task)
+        model = super().build_model(args, task)
+        model.data_dir = data_dir(task)
+        return model
 
     encoder_class = AttentionKindEncoder
     decoder_class = AttentionKindDecoder
-
-    def set_beam_size(self, beam_size):
-        """fairseq's generator asks the *model* for this, which TransformerModel
-        lacks, so fairseq's beamable encoder-decoder attention never turns on:
-        forward it to the decoder, and the encoder K/V are projected and cached
-        once per sentence instead of once per hypothesis (beam x fewer)."""
-        self.decoder.set_beam_size(beam_size)
+    # fairseq's alignment generator then computes alignments (--print-alignment)
+    # in one teacher-forced pass over the finished hypotheses: every mechanism
+    # returns its weights there, while decoding steps need build none
+    full_context_alignment = True
 
     @classmethod
     def encoder_decoder_classes(cls, args):

@@ -6,8 +6,6 @@ have its parameters, so a checkpoint trained with one kind loads into another.
 ``CROSS_SELF_KINDS`` does the same for cross+self attention.
 """
 
-from fairseq.modules import MultiheadAttention
-
 from .average_attention import AverageAttention
 from .cached_projection import CachedProjectionAttention
 from .cross_self_attention import CrossSelfAttention, HardCrossSelfAttention
@@ -18,9 +16,11 @@ from .hard_retrieval_attention import (
     sample_key_indices,
 )
 from .local_attention import LocalAttention
+from .soft_attention import SoftAttention
+from . import sentence_groups  # noqa: F401
 
 ATTENTION_KINDS = {
-    "soft": MultiheadAttention,
+    "soft": SoftAttention,
     "hard": HardRetrievalAttention,
 }
 
@@ -52,6 +52,7 @@ __all__ = [
     "HardCrossSelfAttention",
     "HardRetrievalAttention",
     "LocalAttention",
+    "SoftAttention",
     "StraightThroughRetrieval",
     "attention_class",
     "sample_key_indices",

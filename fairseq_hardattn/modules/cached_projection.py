@@ -6,9 +6,9 @@ silently run soft attention. Mechanisms in this package therefore override
 ``forward`` completely; this base class gives them the part they share with
 fairseq unchanged: Q/K/V projections, the incremental-decoding cache
 (self-attention appends one K/V per step, encoder-decoder attention projects
-the encoder once with ``static_kv``), fairseq's "beamable" encoder-decoder
-attention (one K/V copy per sentence instead of per hypothesis), and score
-masking. ``reorder_incremental_state`` is inherited as is.
+the encoder once with ``static_kv``), "beamable" encoder-decoder attention
+(one K/V copy per sentence instead of per hypothesis, the grouping read from
+the decoding call: ``sentence_groups``), and score masking.
 """
 
 from typing import Dict, NamedTuple, Optional, Tuple
@@ -16,6 +16,8 @@ from typing import Dict, NamedTuple, Optional, Tuple
 import torch
 from fairseq.modules import MultiheadAttention
 from torch import Tensor
+
+from . import sentence_groups
 
 IncrementalState = Optional[Dict[str, Dict[str, Optional[Tensor]]]]
 
@@ -33,6 +35,17 @@ class Projected(NamedTuple):
     kv_bsz: int
     tgt_len: int
     bsz: int
+
+
+def one_copy_per_sentence(states: Tensor, padding: Optional[Tensor], count: int):
+    """Encoder states (T, sentences*count, C) repeated per hypothesis, and their
+    padding (sentences*count, T), as one copy per sentence."""
+    if count == 1:
+        return states, padding
+    states = states.view(states.size(0), -1, count, states.size(2))[:, :, 0]
+    if padding is not None:
+        padding = padding.view(-1, count, padding.size(1))[:, 0]
+    return states, padding
 
 
 class CachedProjectionAttention(MultiheadAttention):
@@ -115,15 +128,8 @@ class CachedProjectionAttention(MultiheadAttention):
             v = self.v_proj(query)
         elif key is not None:
             if self.encoder_decoder_attention:
-                if self.beam_size > 1 and bsz == key.size(1):
-                    # key is [T, bsz*beam, C]; keep one copy per sentence
-                    key = key.view(key.size(0), -1, self.beam_size, key.size(2))[
-                        :, :, 0, :
-                    ]
-                    if key_padding_mask is not None:
-                        key_padding_mask = key_padding_mask.view(
-                            -1, self.beam_size, key_padding_mask.size(1)
-                        )[:, 0, :]
+                key, key_padding_mask = one_copy_per_sentence(
+                    key, key_padding_mask, sentence_groups.hypotheses_per_sentence(incremental_state))
                 value = key
             k = self.k_proj(key)
             v = self.v_proj(value)
@@ -180,6 +186,29 @@ class CachedProjectionAttention(MultiheadAttention):
                         f"expected {(kv_bsz, k.size(1))}"
                     )
         return Projected(q, k, v, key_padding_mask, kv_bsz, tgt_len, bsz)
+
+    def set_beam_size(self, beam_size):
+        """Ignored: the hypotheses per sentence come from each decoding call
+        (``sentence_groups``), never from state left by an earlier one."""
+
+    def reorder_incremental_state(self, incremental_state, new_order: Tensor):
+        """Self-attention caches per hypothesis; encoder-decoder attention per
+        sentence, reordered only when the generator drops finished sentences."""
+        buffer = self._get_input_buffer(incremental_state)
+        if not buffer:
+            return incremental_state
+        order = new_order
+        if self.encoder_decoder_attention:
+            count = sentence_groups.hypotheses_per_sentence(incremental_state)
+            rows = next(t for t in buffer.values() if t is not None).size(0)
+            if rows * count == new_order.numel():
+                return incremental_state
+            order = sentence_groups.sentence_order(new_order, count)
+        for name, tensor in buffer.items():
+            if tensor is not None:
+                buffer[name] = tensor.index_select(0, order)
+        self._set_input_buffer(incremental_state, buffer)
+        return incremental_state
 
     def attention_scores(self, q: Tensor, k: Tensor, kv_bsz: int) -> Tensor:
         """q·kᵀ as (bsz*heads, tgt_len, src_len), grouping hypotheses by sentence."""

@@ -14,6 +14,12 @@ is one attention over the concatenation, as fairseq's.
 
 ``CrossSelfAttention`` is the soft kind, ``HardCrossSelfAttention`` the hard
 retrieval kind (argmax over both parts in inference, sampling in training).
+
+Alignment (``--print-alignment``): the layer has no separate cross-attention,
+so when its decoder layer asks (``alignment_request``, in a teacher-forced
+evaluation pass) the module also returns the attention probabilities over the
+encoder part of [encoder; decoder]: its strongest encoder position per target
+token (for the hard kind, the encoder key with the highest score).
 """
 
 from typing import Dict, Optional
@@ -23,8 +29,9 @@ import torch.nn.functional as F
 from fairseq.modules import MultiheadAttention
 from torch import Tensor
 
-from .cached_projection import CachedProjectionAttention, IncrementalState
+from .cached_projection import CachedProjectionAttention, IncrementalState, one_copy_per_sentence
 from .hard_retrieval_attention import HardRetrievalAttention, retrieve
+from . import sentence_groups
 
 _SOURCE_STATE = "cross_self_source"
 
@@ -32,13 +39,22 @@ _SOURCE_STATE = "cross_self_source"
 class CrossSelfAttention(CachedProjectionAttention):
     """Soft cross+self attention; constructed with ``self_attention=False``."""
 
+    # set by the decoder layer for one call: None (no alignment), or whether
+    # the alignment is wanted per head (True) or as the heads' mean (False)
+    alignment_request: Optional[bool] = None
+
     def forward(self, query: Tensor, key: Optional[Tensor], value: Optional[Tensor],
                 key_padding_mask: Optional[Tensor] = None,
                 incremental_state: IncrementalState = None, **kwargs):
         """``MultiheadAttention.forward``'s signature (the rest in ``kwargs``)."""
         if incremental_state is None:
             # one attention over [encoder; decoder], as fairseq's layer built it
-            return self.full_forward(query, key, value, key_padding_mask=key_padding_mask, **kwargs)
+            out, _ = self.full_forward(query, key, value, key_padding_mask=key_padding_mask,
+                                       **kwargs)
+            if self.alignment_request is None:
+                return out, None
+            return out, self.source_alignment(query, key, key_padding_mask,
+                                              kwargs.get("attn_mask"), self.alignment_request)
         attn_mask = kwargs.get("attn_mask")
         if self.training and isinstance(self, HardRetrievalAttention):
             raise RuntimeError("incremental decoding runs in eval mode; call model.eval()")
@@ -48,7 +64,8 @@ class CrossSelfAttention(CachedProjectionAttention):
             # first step: fairseq's layer passed key = value = [encoder; decoder]
             src_len = key.size(0) - tgt_len
             source_padding = None if key_padding_mask is None else key_padding_mask[:, :src_len]
-            source = self._project_source(key[:src_len], source_padding, bsz)
+            source = self._project_source(key[:src_len], source_padding,
+                                          sentence_groups.hypotheses_per_sentence(incremental_state))
             self.set_incremental_state(incremental_state, _SOURCE_STATE, source)
             target_padding = None if key_padding_mask is None else key_padding_mask[:, src_len:]
             if attn_mask is not None:
@@ -77,15 +94,24 @@ class CrossSelfAttention(CachedProjectionAttention):
         """Soft: fairseq's own attention (and its fused training path)."""
         return MultiheadAttention.forward(self, *args, **kwargs)
 
+    def source_alignment(self, query: Tensor, key: Tensor, key_padding_mask: Optional[Tensor],
+                         attn_mask: Optional[Tensor], per_head: bool) -> Tensor:
+        """Soft attention probabilities of the encoder part (heads, bsz, tgt, src),
+        or their mean over heads."""
+        q, k, _, key_padding_mask, kv_bsz, _, bsz = self.project(
+            query, key, key, key_padding_mask, None, static_kv=False)
+        scores = self.mask_scores(self.attention_scores(q * self.scaling, k, kv_bsz), attn_mask,
+                                  key_padding_mask, kv_bsz)
+        probs = F.softmax(scores.float(), dim=-1)
+        weights = self.format_weights(probs, bsz, True)[..., : key.size(0) - query.size(0)]
+        return weights if per_head else weights.mean(dim=0)
+
     def _source_state(self, incremental_state) -> Dict[str, Optional[Tensor]]:
         return self.get_incremental_state(incremental_state, _SOURCE_STATE) or {}
 
-    def _project_source(self, source: Tensor, padding: Optional[Tensor], bsz: int):
-        """Encoder part of K/V, one copy per sentence when decoding a beam."""
-        if self.beam_size > 1 and source.size(1) == bsz:
-            source = source.view(source.size(0), -1, self.beam_size, source.size(2))[:, :, 0]
-            if padding is not None:
-                padding = padding.view(-1, self.beam_size, padding.size(1))[:, 0]
+    def _project_source(self, source: Tensor, padding: Optional[Tensor], count: int):
+        """Encoder part of K/V, one copy per sentence of ``count`` hypotheses."""
+        source, padding = one_copy_per_sentence(source, padding, count)
         src_len, kv_bsz, _ = source.size()
         shape = (src_len, kv_bsz, self.num_heads, self.head_dim)
         state = {
@@ -111,13 +137,11 @@ class CrossSelfAttention(CachedProjectionAttention):
         only when the generator drops finished sentences."""
         super().reorder_incremental_state(incremental_state, new_order)
         source = self._source_state(incremental_state)
-        if source and source["key"].size(0) * self.beam_size != new_order.size(0):
-            if self.beam_size > 1:
-                sentence_order = new_order.reshape(-1, self.beam_size)[:, 0] // self.beam_size
-            else:
-                sentence_order = new_order
+        count = sentence_groups.hypotheses_per_sentence(incremental_state)
+        if source and source["key"].size(0) * count != new_order.size(0):
+            order = sentence_groups.sentence_order(new_order, count)
             for name, tensor in source.items():
-                source[name] = tensor.index_select(0, sentence_order)
+                source[name] = tensor.index_select(0, order)
             self.set_incremental_state(incremental_state, _SOURCE_STATE, source)
         return incremental_state
 

@@ -139,11 +139,12 @@ class HardRetrievalAttention(CachedProjectionAttention):
     output is zero before the output projection, in training and inference.
 
     Returned weights: in training, the sampling distribution P (free, already
-    computed); in inference, a one-hot matrix of the retrieved keys, built only
-    when asked for by ``make_generation_fast_(need_attn=True)`` (fairseq does
-    that for ``--print-alignment``) or by setting ``build_alignment = True``:
-    fairseq's decoder requests weights from its last layer on every step, and a
-    dense one-hot would cost what hard attention saves.
+    computed); in a forward over whole sequences in inference (validation, the
+    teacher-forced pass that computes alignments), a one-hot matrix of the
+    retrieved keys; in incremental decoding none: fairseq's decoder asks its
+    last layer for weights on every step, and a dense one-hot per step would
+    cost what hard attention saves (alignments come from the teacher-forced
+    pass instead: ``full_context_alignment`` of the models).
     """
 
     def __init__(self, *args, train_retrieval: str = "sample", anneal_updates: int = 0,
@@ -158,7 +159,6 @@ class HardRetrievalAttention(CachedProjectionAttention):
         self.train_retrieval = train_retrieval
         self.anneal_updates = anneal_updates
         self.num_updates = 0
-        self.build_alignment = False
 
     def set_num_updates(self, num_updates: int):
         """fairseq's trainer calls this on every module before each update."""
@@ -169,9 +169,6 @@ class HardRetrievalAttention(CachedProjectionAttention):
         if self.anneal_updates == 0:
             return 1.0
         return min(1.0, self.num_updates / self.anneal_updates)
-
-    def make_generation_fast_(self, need_attn: bool = False, **kwargs):
-        self.build_alignment = need_attn
 
     def attend(self, query, p, incremental_state, attn_mask, before_softmax, need_weights,
                need_head_weights):
@@ -202,7 +199,7 @@ class HardRetrievalAttention(CachedProjectionAttention):
             out = retrieve(v, self.value_rows(bsz, kv_bsz, v.device), indices)
             if empty is not None:
                 out = out.masked_fill(empty, 0.0)
-            if need_weights and self.build_alignment:
+            if need_weights and incremental_state is None:
                 one_hot = torch.zeros_like(scores, dtype=torch.float32)
                 one_hot.scatter_(-1, indices.unsqueeze(-1), 1.0)
                 if empty is not None:

@@ -1,0 +1,218 @@
+"""Where the plugin works around fairseq's own behaviour, in one place.
+
+Each piece names the fairseq behaviour it changes and is pinned by a test
+(``tests/test_fairseq_compat.py``). ``install()`` applies them; importing the
+plugin (``--user-dir``) calls it once.
+
+- Checkpoints that cannot be read: fairseq hands torch's unpickling error
+  (a dozen frames from ``torch.serialization``) to the user. We raise one
+  ``ConfigError`` naming the file and what is wrong with it.
+- ``--model-overrides`` keys: fairseq sets every key of the dict on a legacy
+  model's options, so a misspelt key (``dec_cross_attn_knd``) or one that this
+  model family does not read (``print_cps`` on a hard model) changes nothing,
+  silently. For this plugin's models we refuse both, in one line naming the
+  key and the closest known ones.
+- Checkpoints loaded without the plugin: a legacy model's options are an
+  ``argparse.Namespace``, which torch >= 2.6 refuses to unpickle unless told,
+  so fairseq's hub without ``user_dir=`` fails with "Unsupported global:
+  argparse.Namespace", no word of the plugin. This plugin's models keep their
+  options as ``PluginModelArgs``, a Namespace under this plugin's name: that
+  refusal names ``fairseq_hardattn``, and where torch unpickles freely the
+  plugin is imported by the checkpoint itself.
+- Warnings about fairseq's own use of its libraries (Hydra's deprecated
+  APIs, ``torch.cuda.amp.autocast``, ``pin_memory`` without a GPU, torch's
+  note on the mask types fairseq's attention passes): two dozen lines on
+  every command, none of them about the user's run. We filter exactly those
+  messages; every other warning still shows.
+"""
+
+import argparse
+import difflib
+import functools
+import logging
+import os
+import traceback
+import warnings
+
+from fairseq import checkpoint_utils
+
+from .errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+_PACKAGE = __name__.rsplit(".", 1)[0]
+# keys fairseq's hub interface passes along with the user's own
+_HUB_KEYS = {"is_vocoder", "generation_args"}
+
+
+# --- checkpoints ------------------------------------------------------------
+
+
+class PluginModelArgs(argparse.Namespace):
+    """The options of a model of this plugin, as saved in its checkpoints
+    (keep this name: checkpoints refer to it)."""
+
+
+def mark_plugin_args(args):
+    """Make ``args`` (a model's options, saved with its checkpoints) a
+    ``PluginModelArgs``."""
+    if type(args) is argparse.Namespace:
+        args.__class__ = PluginModelArgs
+    return args
+
+
+
+def _raised_by_torch_load(error: BaseException) -> bool:
+    return any(frame.filename.endswith(os.path.join("torch", "serialization.py"))
+               for frame in traceback.extract_tb(error.__traceback__))
+
+
+def readable_checkpoints(load_checkpoint_to_cpu):
+    """Wrap fairseq's ``load_checkpoint_to_cpu``: a file torch cannot unpickle
+    is a ``ConfigError`` naming it (the torch error chained to it)."""
+
+    @functools.wraps(load_checkpoint_to_cpu)
+    def load(path, *args, **kwargs):
+        if os.path.isfile(path) and os.path.getsize(path) == 0:
+            raise ConfigError(f"the checkpoint {path} is an empty file")
+        try:
+            return load_checkpoint_to_cpu(path, *args, **kwargs)
+        except Exception as error:
+            if isinstance(error, ConfigError) or not _raised_by_torch_load(error):
+                raise
+            detail = str(error).strip().splitlines()[0].split(". ")[0] if str(error).strip() else ""
+            raise ConfigError(
+                f"cannot read the checkpoint {path}: it is truncated or not a fairseq "
+                f"checkpoint ({type(error).__name__}{': ' + detail[:160] if detail else ''})"
+            ) from error
+
+    return load
+
+
+# --- --model-overrides ------------------------------------------------------
+
+
+def _model_name(cfg, overrides):
+    if overrides.get("_name"):
+        return overrides["_name"]
+    model = cfg.get("model") if hasattr(cfg, "get") else None
+    if model is None:
+        return None
+    return getattr(model, "_name", None) or getattr(model, "arch", None)
+
+
+def _option_names(model_class):
+    parser = argparse.ArgumentParser(add_help=False)
+    model_class.add_args(parser)
+    return set(vars(parser.parse_known_args([])[0]))
+
+
+@functools.lru_cache(maxsize=None)
+def plugin_options():
+    """Option names each of this plugin's model classes adds (by class), and
+    the names only this plugin knows (not fairseq's own models)."""
+    from fairseq.models import MODEL_REGISTRY
+    from fairseq.models.lstm import LSTMModel
+    from fairseq.models.transformer import TransformerModel
+
+    fairseq_own = _option_names(TransformerModel) | _option_names(LSTMModel)
+    per_class = {cls: _option_names(cls) for cls in set(MODEL_REGISTRY.values())
+                 if cls.__module__.startswith(_PACKAGE + ".")}
+    ours = set().union(*per_class.values()) - fairseq_own
+    return per_class, frozenset(ours)
+
+
+@functools.lru_cache(maxsize=None)
+def _registry_fields():
+    """Option names of fairseq's registered components (bpe, tokenizer, ...)."""
+    from fairseq.registry import REGISTRIES
+
+    names = set(REGISTRIES)
+    for registry in REGISTRIES.values():
+        for dataclass in registry["dataclass_registry"].values():
+            names.update(getattr(dataclass, "__dataclass_fields__", {}))
+    return frozenset(names)
+
+
+def _config_keys(cfg):
+    keys = set(cfg.keys())
+    for group in cfg.values():
+        if isinstance(group, argparse.Namespace):
+            keys.update(vars(group))
+        elif hasattr(group, "keys"):
+            keys.update(group.keys())
+    return keys
+
+
+def check_model_overrides(cfg, overrides):
+    """Raise ``ConfigError`` for an override key of one of this plugin's models
+    that nothing reads, or that its family does not read."""
+    from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
+
+    name = _model_name(cfg, overrides)
+    model_class = ARCH_MODEL_REGISTRY.get(name) or MODEL_REGISTRY.get(name)
+    if model_class is None or not model_class.__module__.startswith(_PACKAGE + "."):
+        return
+    per_class, ours = plugin_options()
+    family = per_class[model_class]
+    known = _config_keys(cfg) | _registry_fields() | ours | family | _HUB_KEYS | {"_name"}
+    for key in overrides:
+        if key in ours and key not in family:
+            users = sorted(cls.__name__ for cls, names in per_class.items() if key in names)
+            raise ConfigError(f"--model-overrides key {key!r} does not apply to {name} "
+                              f"(options of {', '.join(users)})")
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(ours | family), n=3, cutoff=0.6)
+            hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+            raise ConfigError(f"--model-overrides key {key!r} is no option of {name}{hint}")
+
+
+def checked_overrides(overwrite_args_by_name):
+    """Wrap fairseq's ``overwrite_args_by_name`` as ``load_checkpoint_to_cpu``
+    calls it: the checkpoint's configuration, before the overrides."""
+
+    @functools.wraps(overwrite_args_by_name)
+    def overwrite(cfg, overrides):
+        check_model_overrides(cfg, overrides)
+        return overwrite_args_by_name(cfg, overrides)
+
+    return overwrite
+
+
+# --- noise ------------------------------------------------------------------
+
+# (category, message pattern) of warnings about fairseq's own code
+FAIRSEQ_NOISE = (
+    (UserWarning, r"hydra\.experimental\.(initialize|compose)\(\) is no longer experimental"),
+    (UserWarning, r"\s*The version_base parameter is not specified"),
+    (UserWarning, r"In '\w+': Usage of deprecated keyword in package header"),
+    (UserWarning, r"\s*'\w+' is validated against ConfigStore schema"),
+    (UserWarning, r"\s*The strict flag in the compose API is deprecated"),
+    (FutureWarning, r"`torch\.cuda\.amp\.autocast\(args\.\.\.\)` is deprecated"),
+    (UserWarning, r"'pin_memory' argument is set as true but no accelerator is found"),
+    (UserWarning, r"Support for mismatched key_padding_mask and attn_mask is deprecated"),
+)
+
+
+def quiet_fairseq_noise():
+    for category, message in FAIRSEQ_NOISE:
+        warnings.filterwarnings("ignore", message=message, category=category)
+    # Hydra's debug lines ("Setting JobRuntime") while fairseq composes its config
+    logging.getLogger("hydra").setLevel(logging.INFO)
+
+
+# --- installation -----------------------------------------------------------
+
+
+def _wrap(module, name, wrapper):
+    function = getattr(module, name)
+    if not getattr(function, "_fairseq_hardattn", False):
+        wrapped = wrapper(function)
+        wrapped._fairseq_hardattn = True
+        setattr(module, name, wrapped)
+
+
+def install():
+    quiet_fairseq_noise()
+    _wrap(checkpoint_utils, "load_checkpoint_to_cpu", readable_checkpoints)
+    _wrap(checkpoint_utils, "overwrite_args_by_name", checked_overrides)

@@ -1,0 +1,37 @@
+"""Soft (scaled dot-product) attention, the baseline kind.
+
+Training and any forward without an incremental state run fairseq's own
+``MultiheadAttention.forward`` (its fused path, so training is exactly
+fairseq's). Incremental decoding goes through ``CachedProjectionAttention``,
+which keeps encoder K/V once per sentence of a beam, as every other kind of
+this plugin does: the soft baseline is compared with them on equal terms.
+"""
+
+import torch.nn.functional as F
+from fairseq.modules import MultiheadAttention
+
+from .cached_projection import CachedProjectionAttention
+
+
+class SoftAttention(CachedProjectionAttention):
+    """Drop-in for fairseq's ``MultiheadAttention`` (same parameters)."""
+
+    def forward(self, query, key, value, key_padding_mask=None, incremental_state=None,
+                **kwargs):
+        if incremental_state is None:
+            return MultiheadAttention.forward(self, query, key, value,
+                                              key_padding_mask=key_padding_mask, **kwargs)
+        return super().forward(query, key, value, key_padding_mask=key_padding_mask,
+                               incremental_state=incremental_state, **kwargs)
+
+    def attend(self, query, p, incremental_state, attn_mask, before_softmax, need_weights,
+               need_head_weights):
+        q, k, v, key_padding_mask, kv_bsz, tgt_len, bsz = p
+        scores = self.mask_scores(self.attention_scores(q * self.scaling, k, kv_bsz),
+                                  attn_mask, key_padding_mask, kv_bsz)
+        if before_softmax:
+            return scores, v
+        probs = F.softmax(scores.float(), dim=-1).type_as(scores)
+        out = self.weighted_values(self.dropout_module(probs), v, kv_bsz)
+        weights = self.format_weights(probs, bsz, need_head_weights) if need_weights else None
+        return self.merge_heads(out, tgt_len, bsz), weights
