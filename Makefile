@@ -22,9 +22,9 @@ $(STAMP): setup.py
 demo: $(STAMP)
 	$(PY) scripts/demo.py $(DEMO_ARGS)
 
-# two workers (one per core); a test file stays on one worker
+# two workers (one per core); tests marked with one xdist_group stay together
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile tests $(TEST_ARGS)
+	$(PY) -m pytest -q -n 2 --dist loadgroup tests $(TEST_ARGS)
 
 clean:
 	rm -rf demo_work .pytest_cache

@@ -25,6 +25,8 @@ setup(
         "subword-nmt>=0.3.8",
         "sacremoses>=0.1",  # detokenizing output for sacreBLEU
         "numpy",
+        # fairseq's --tensorboard-logdir writes through it (and asks for it at import)
+        "tensorboardX>=2.6",
     ],
     extras_require={
         "test": ["pytest>=7", "pytest-xdist>=3"],

@@ -15,7 +15,10 @@ from . import criterions, models  # noqa: F401
 fairseq_compat.install()
 install_error_hook()
 
-__all__ = ["ConfigError", "registered_architectures"]
+__all__ = ["ConfigError", "USER_DIR", "registered_architectures"]
+
+# the value of fairseq's --user-dir (and the hub's user_dir=) for this plugin
+USER_DIR = __path__[0]
 
 
 def registered_architectures():

@@ -101,19 +101,21 @@ def tool_env(**extra):
     executables first on PATH, and no torch.load override (the plugin must
     load checkpoints without one)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore",
-               PATH=f"{BIN_DIR}{os.pathsep}{os.environ['PATH']}", **extra)
+               PATH=f"{BIN_DIR}{os.pathsep}{os.environ['PATH']}")
     env.pop("TORCH_FORCE_WEIGHTS_ONLY_LOAD", None)
     env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
+    env.pop("LOGLEVEL", None)
+    env.update(extra)
     return env
 
 
-def run_cli(tool, *args, cwd=None, check=True, timeout=600, input=None):
+def run_cli(tool, *args, cwd=None, check=True, timeout=600, input=None, env=None):
     """Run a fairseq console script (fairseq-train, ...) of this environment."""
     exe = BIN_DIR / tool
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m",
                                            "fairseq_cli." + tool.split("-", 1)[1]]
-    proc = subprocess.run(cmd + [str(a) for a in args], cwd=cwd, env=tool_env(), input=input,
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd + [str(a) for a in args], cwd=cwd, env=env or tool_env(),
+                          input=input, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(
             f"{tool} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"

@@ -12,6 +12,8 @@ from conftest import BIN_DIR, TRAIN_FLAGS, tiny_dim_flags, tool_env
 
 ARCHS = fairseq_hardattn.registered_architectures()
 HERE = os.path.dirname(__file__)
+# one worker runs this file: its tests share one torchrun launch (a module fixture)
+pytestmark = pytest.mark.xdist_group("two_worker_runs")
 
 
 @pytest.fixture(scope="module")
