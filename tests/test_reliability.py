@@ -1,6 +1,7 @@
 """Reliability: multi-worker training, exact resume, decoding determinism."""
 
 import os
+import socket
 import subprocess
 
 import pytest
@@ -16,14 +17,20 @@ HERE = os.path.dirname(__file__)
 pytestmark = pytest.mark.xdist_group("two_worker_runs")
 
 
-@pytest.fixture(scope="module")
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return str(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
 def two_worker_runs(reorder_data, tmp_path_factory):
     """Every architecture trained by 2 workers: 4 updates straight, and 2 +
     resume to 4 (see ddp_worker.py); one torchrun launch for all of them."""
     out = tmp_path_factory.mktemp("ddp")
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     proc = subprocess.run(
-        [str(BIN_DIR / "torchrun"), "--nproc-per-node", "2", "--master-port", "29531",
+        [str(BIN_DIR / "torchrun"), "--nproc-per-node", "2", "--master-port", free_port(),
          os.path.join(HERE, "ddp_worker.py"), str(reorder_data), str(out), *ARCHS],
         env=env, capture_output=True, text=True, timeout=1500,
     )
@@ -56,7 +63,7 @@ def test_the_documented_launch_script_trains_and_resumes_with_two_workers(reorde
             "--save-dir", str(tmp_path), "--no-epoch-checkpoints", "--max-tokens", "300"]
     for updates in (2, 4):
         proc = subprocess.run(["bash", script, "2", *argv, "--max-update", str(updates)],
-                              env=tool_env(MASTER_PORT="29547"), capture_output=True,
+                              env=tool_env(MASTER_PORT=free_port()), capture_output=True,
                               text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr[-4000:]
         assert "distributed init (rank 1)" in proc.stdout + proc.stderr
