@@ -22,7 +22,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.utils import benchmark  # noqa: E402
 
-from fairseq_hardattn.modules.hard_retrieval_attention import retrieve  # noqa: E402
+from fairseq_hardattn.modules.gather import retrieve  # noqa: E402
 
 
 def measure(stmt, min_run_time, **tensors):

@@ -10,7 +10,8 @@ from fairseq_hardattn import ConfigError, kernels
 from fairseq_hardattn.criterions.label_smoothed_cross_entropy_with_gate import (
     LabelSmoothedCrossEntropyWithGateCriterion,
 )
-from fairseq_hardattn.modules import (FlexibleAttention, LocalAttention, flexible_attention,
+from fairseq_hardattn.modules import (FlexibleAttention, FlexibleLSTMAttention, LocalAttention,
+                                       flexible_attention, gate_networks,
                                        sentence_groups)
 
 from conftest import TinyTask, build_model, make_dictionary, random_batch
@@ -94,9 +95,9 @@ def test_band_is_exactly_the_positions_whose_penalty_is_below_tau(beam, far_apar
 def test_fast_tanh_is_tanh_and_keeps_its_gradient():
     x = torch.linspace(-30, 30, 1001)
     with torch.no_grad():
-        assert torch.allclose(flexible_attention.fast_tanh(x), torch.tanh(x), atol=1e-6)
+        assert torch.allclose(gate_networks.fast_tanh(x), torch.tanh(x), atol=1e-6)
     x.requires_grad_(True)
-    flexible_attention.fast_tanh(x).sum().backward()
+    gate_networks.fast_tanh(x).sum().backward()
     assert torch.allclose(x.grad, 1 - torch.tanh(x.detach()) ** 2, atol=1e-6)
 
 
@@ -304,7 +305,7 @@ def test_gate_dim_zero_is_an_error_in_the_modules_too():
     with pytest.raises(ValueError, match="gate_dim must be >= 1, got 0"):
         FlexibleAttention(EMBED, HEADS, encoder_decoder_attention=True, gate_dim=0)
     with pytest.raises(ValueError, match="gate_dim must be >= 1, got 0"):
-        flexible_attention.FlexibleLSTMAttention(EMBED, EMBED, EMBED, gate_dim=0)
+        FlexibleLSTMAttention(EMBED, EMBED, EMBED, gate_dim=0)
 
 
 def test_auto_threshold_needs_a_mean_source_length():

@@ -3,7 +3,7 @@
  * For each query row r (ordered sentence, hypothesis, head), with centre
  * c = p_{t-1} and gate g: the band is the integer positions s with
  * |s - c| < sigma * sqrt(2 tau / g), plus the one nearest c, clipped to the
- * source, minus padded keys (flexible_attention.band_limits / in_band: the
+ * source, minus padded keys (windows.band_limits / in_band: the
  * same float32 arithmetic). Only those positions are scored, in place in the
  * batch-major K cache (nothing gathered or copied):
  *   logit(s) = (scaling q) . k_s  -  g (s - c)^2 / (2 sigma^2)

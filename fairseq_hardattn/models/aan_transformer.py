@@ -8,11 +8,11 @@ from fairseq.models import register_model, register_model_architecture
 
 from ..errors import ConfigError
 from ..modules import AverageAttention
-from .hard_retrieval_transformer import (
+from .attention_kind_base import (
     REPLACED,
     AttentionKindDecoder,
     AttentionKindDecoderLayer,
-    HardRetrievalTransformerModel,
+    AttentionKindTransformerModel,
     base_architecture,
     big_architecture,
     model_name,
@@ -39,7 +39,7 @@ class AverageAttentionDecoder(AttentionKindDecoder):
 
 
 @register_model(MODEL_NAME)
-class AANTransformerModel(HardRetrievalTransformerModel):
+class AANTransformerModel(AttentionKindTransformerModel):
     decoder_class = AverageAttentionDecoder
     replaced_sublayers = {
         "dec_self_attn_kind": "its decoder self-attention is the average attention network"

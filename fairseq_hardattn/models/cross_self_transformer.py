@@ -22,12 +22,12 @@ from fairseq.models import register_model, register_model_architecture
 
 from ..errors import ConfigError
 from ..modules import CROSS_SELF_KINDS
-from .hard_retrieval_transformer import (
+from .attention_kind_base import (
     REPLACED,
     AttentionKindDecoder,
     AttentionKindDecoderLayer,
     AttentionKindEncoder,
-    HardRetrievalTransformerModel,
+    AttentionKindTransformerModel,
     base_architecture,
     big_architecture,
     hard_in,
@@ -125,10 +125,8 @@ def share_layers(encoder, decoder, level):
 
 
 @register_model(MODEL_NAME)
-class CrossSelfTransformerModel(HardRetrievalTransformerModel):
-    kind_choices = dict(
-        HardRetrievalTransformerModel.kind_choices, dec_self_attn_kind=CROSS_SELF_KINDS
-    )
+class CrossSelfTransformerModel(AttentionKindTransformerModel):
+    decoder_class = CrossSelfDecoder
     replaced_sublayers = {
         "dec_cross_attn_kind": "cross+self attention has no separate cross-attention "
                                "(set the cross+self kind with --dec-self-attn-kind)"

@@ -9,31 +9,34 @@ Options: those of flexible attention (``--flexible-sigma``,
 and fairseq's LSTM options (``--decoder-attention`` must stay on).
 """
 
-import functools
-from unittest import mock
-
 from fairseq.models import lstm, register_model, register_model_architecture
 from fairseq.models.lstm import LSTMDecoder, LSTMModel
 
-from ..fairseq_compat import mark_plugin_args
 from ..errors import ClearCheckpointErrors, ConfigError, check_joined_dictionary, data_dir
+from ..fairseq_compat import mark_plugin_args
 from ..modules import FlexibleLSTMAttention
-from .flexible_transformer import FlexibleAttentionOptions, resolve_threshold
-from .hard_retrieval_transformer import set_defaults
+from .attention_kind_base import set_defaults
+from .flexible_options import FlexibleAttentionOptions
 
 MODEL_NAME = "flexible_lstm"
 _CENTRE_STATE = "flexible_centre"
 
 
 class FlexibleLSTMDecoder(LSTMDecoder):
-    def __init__(self, *args, flexible_options=None, **kwargs):
-        super().__init__(*args, **kwargs)
-        if self.attention is None:
+    """fairseq's LSTM decoder with flexible attention. ``LSTMModel.build_model``
+    constructs fairseq's ``LSTMDecoder`` by name, with no hook for another
+    class: ``adopt`` takes the decoder it built and gives it this class and
+    flexible attention in place of its attention layer."""
+
+    @classmethod
+    def adopt(cls, decoder: LSTMDecoder, **flexible_options):
+        if decoder.attention is None:
             raise ConfigError("lstm_flexible needs attention: drop --decoder-attention False")
-        self.attention = FlexibleLSTMAttention(
-            self.hidden_size, self.encoder_output_units, self.hidden_size, bias=False,
-            **(flexible_options or {}),
-        )
+        decoder.__class__ = cls
+        decoder.attention = FlexibleLSTMAttention(
+            decoder.hidden_size, decoder.encoder_output_units, decoder.hidden_size, bias=False,
+            **flexible_options)
+        return decoder
 
     def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None):
         state = None
@@ -72,18 +75,14 @@ class FlexibleLSTMModel(ClearCheckpointErrors, FlexibleAttentionOptions, LSTMMod
     @classmethod
     def build_model(cls, args, task):
         flexible_lstm_defaults(args)
-        cls.measure_mean_source_length(args, task)
-        cls.validate_flexible_args(args)
+        threshold = cls.prepare_flexible_build(args, task)
         check_joined_dictionary(args, task)
         mark_plugin_args(args)
-        decoder = functools.partial(FlexibleLSTMDecoder, flexible_options=dict(
-            sigma=args.flexible_sigma, threshold=resolve_threshold(args),
-            gate_dim=args.flexible_gate_dim))
-        # LSTMModel.build_model constructs LSTMDecoder by name, with no hook
-        with mock.patch.object(lstm, "LSTMDecoder", decoder):
-            model = super().build_model(args, task)
+        model = super().build_model(args, task)
+        FlexibleLSTMDecoder.adopt(model.decoder, sigma=args.flexible_sigma,
+                                  gate_dim=args.flexible_gate_dim)
         model.data_dir = data_dir(task)
-        model.finish_build(args)
+        model.finish_flexible_build(args, threshold)
         return model
 
 

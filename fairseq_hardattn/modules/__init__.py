@@ -1,15 +1,19 @@
 """Attention mechanisms, each a drop-in for a sublayer of fairseq's Transformer.
 
-``ATTENTION_KINDS`` maps the names accepted by the ``--*-attn-kind`` options
+``ATTENTION_KINDS`` maps the names of the generic kinds (``--*-attn-kind``)
 to their classes; all take ``MultiheadAttention``'s constructor arguments and
 have its parameters, so a checkpoint trained with one kind loads into another.
-``CROSS_SELF_KINDS`` does the same for cross+self attention.
+``CROSS_SELF_KINDS`` does the same for cross+self attention. Shared machinery
+has modules of its own (``cached_projection``, ``sentence_groups``,
+``gather``, ``windows``, ``cps``, ``gate_networks``); a mechanism module
+never imports another mechanism's helpers.
 """
 
 from .average_attention import AverageAttention
 from .cached_projection import CachedProjectionAttention
 from .cross_self_attention import CrossSelfAttention, HardCrossSelfAttention
-from .flexible_attention import FlexibleAttention, FlexibleLSTMAttention
+from .flexible_attention import FlexibleAttention
+from .flexible_lstm_attention import FlexibleLSTMAttention
 from .hard_retrieval_attention import (
     HardRetrievalAttention,
     StraightThroughRetrieval,
@@ -30,17 +34,6 @@ CROSS_SELF_KINDS = {
 }
 
 
-def attention_class(kind: str, option: str = "attention kind", kinds=None):
-    """The class registered for ``kind``, or a clear error naming the option."""
-    kinds = ATTENTION_KINDS if kinds is None else kinds
-    try:
-        return kinds[kind]
-    except KeyError:
-        raise ValueError(
-            f"unknown {option} {kind!r}; choose one of: {', '.join(kinds)}"
-        ) from None
-
-
 __all__ = [
     "ATTENTION_KINDS",
     "AverageAttention",
@@ -54,6 +47,5 @@ __all__ = [
     "LocalAttention",
     "SoftAttention",
     "StraightThroughRetrieval",
-    "attention_class",
     "sample_key_indices",
 ]

@@ -91,14 +91,24 @@ class CachedProjectionAttention(MultiheadAttention):
         """fairseq's ``MultiheadAttention.forward`` signature and semantics:
         project and cache (``project``), then the mechanism's ``attend``."""
         projected = self.project(query, key, value, key_padding_mask, incremental_state, static_kv)
-        return self.attend(query, projected, incremental_state, attn_mask, before_softmax,
+        if before_softmax:  # fairseq's contract: the scaled, masked scores and the values
+            return self.scores(projected, attn_mask), projected.v
+        return self.attend(query, projected, incremental_state, attn_mask,
                            need_weights or need_head_weights, need_head_weights)
 
     def attend(self, query: Tensor, p: Projected, incremental_state: IncrementalState,
-               attn_mask: Optional[Tensor], before_softmax: bool, need_weights: bool,
+               attn_mask: Optional[Tensor], need_weights: bool,
                need_head_weights: bool) -> Tuple[Tensor, Optional[Tensor]]:
         """Scores, weights and output of the mechanism: (out, weights or None)."""
         raise NotImplementedError
+
+    def scores(self, p: Projected, attn_mask: Optional[Tensor], scaled: bool = True) -> Tensor:
+        """q·kᵀ (bsz*heads, tgt_len, src_len), q scaled by 1/√d unless ``scaled``
+        is False (an argmax needs no scale), with ``attn_mask`` added and padded
+        keys at -inf: the opening of every mechanism's ``attend``."""
+        q = p.q * self.scaling if scaled else p.q
+        return self.mask_scores(self.attention_scores(q, p.k, p.kv_bsz), attn_mask,
+                                p.key_padding_mask, p.kv_bsz)
 
     def project(
         self,

@@ -30,7 +30,8 @@ from fairseq.modules import MultiheadAttention
 from torch import Tensor
 
 from .cached_projection import CachedProjectionAttention, IncrementalState, one_copy_per_sentence
-from .hard_retrieval_attention import HardRetrievalAttention, retrieve
+from .gather import retrieve
+from .hard_retrieval_attention import HardRetrievalAttention
 from . import sentence_groups
 
 _SOURCE_STATE = "cross_self_source"
@@ -98,12 +99,9 @@ class CrossSelfAttention(CachedProjectionAttention):
                          attn_mask: Optional[Tensor], per_head: bool) -> Tensor:
         """Soft attention probabilities of the encoder part (heads, bsz, tgt, src),
         or their mean over heads."""
-        q, k, _, key_padding_mask, kv_bsz, _, bsz = self.project(
-            query, key, key, key_padding_mask, None, static_kv=False)
-        scores = self.mask_scores(self.attention_scores(q * self.scaling, k, kv_bsz), attn_mask,
-                                  key_padding_mask, kv_bsz)
-        probs = F.softmax(scores.float(), dim=-1)
-        weights = self.format_weights(probs, bsz, True)[..., : key.size(0) - query.size(0)]
+        projected = self.project(query, key, key, key_padding_mask, None, static_kv=False)
+        probs = F.softmax(self.scores(projected, attn_mask).float(), dim=-1)
+        weights = self.format_weights(probs, projected.bsz, True)[..., : key.size(0) - query.size(0)]
         return weights if per_head else weights.mean(dim=0)
 
     def _source_state(self, incremental_state) -> Dict[str, Optional[Tensor]]:

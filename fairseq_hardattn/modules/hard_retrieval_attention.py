@@ -5,13 +5,8 @@ Training: softmax probabilities P (float32, after masking and attention
 dropout); one key index per (batch, head, query) sampled from P; the output is
 V[index], and the backward pass is straight-through: dL/dP = dL/dO · Vᵀ as if
 O = P·V, dL/dV by index-add. Inference (``model.eval()``, so validation too):
-argmax over the raw masked scores q·k (no scaling, no softmax), then a gather.
-
-Retrieval reads value rows from memory as it lies (the projections are
-time-major, the decoding cache batch-major) and writes time-major output,
-which is what the output projection consumes: no transposing copies. On CPU
-this is ~10x cheaper than the P·V product it replaces, and ~14x cheaper than
-``torch.gather`` on the transposed view.
+argmax over the raw masked scores q·k (no scaling, no softmax), then a gather
+of one value row per head (``gather.retrieve``).
 """
 
 from typing import Optional, Tuple
@@ -21,34 +16,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .cached_projection import CachedProjectionAttention
+from .gather import retrieve, table_positions, value_table
 
 # All-dropped rows fall back to sampling from the undropped P: adding
 # EPS * P keeps every other row's distribution unchanged to ~1e-12.
 _ALL_DROPPED_FALLBACK_EPS = 1e-12
-
-
-def value_table(values: Tensor) -> Tuple[Tensor, bool]:
-    """values (N, S, D) as a 2-D table of rows without copying, and whether
-    that table is time-major (row s*N + n) rather than batch-major (n*S + s)."""
-    dim = values.size(-1)
-    if not values.is_contiguous() and values.transpose(0, 1).is_contiguous():
-        return values.transpose(0, 1).reshape(-1, dim), True
-    return values.reshape(-1, dim), False
-
-
-def table_positions(values: Tensor, time_major: bool, value_rows: Tensor, indices: Tensor) -> Tensor:
-    """(T, R) table rows that query row r retrieves at step t, where value_rows
-    (R,) maps query rows to rows of ``values`` and indices (R, T) are key positions."""
-    n, src_len = values.shape[:2]
-    steps = indices.t()
-    return steps * n + value_rows if time_major else value_rows * src_len + steps
-
-
-def retrieve(values: Tensor, value_rows: Tensor, indices: Tensor) -> Tensor:
-    """out[r, t] = values[value_rows[r], indices[r, t]] as (R, T, D), a view of
-    time-major (T, R, D) memory."""
-    table, time_major = value_table(values)
-    return F.embedding(table_positions(values, time_major, value_rows, indices), table).transpose(0, 1)
 
 
 class StraightThroughRetrieval(torch.autograd.Function):
@@ -170,16 +142,9 @@ class HardRetrievalAttention(CachedProjectionAttention):
             return 1.0
         return min(1.0, self.num_updates / self.anneal_updates)
 
-    def attend(self, query, p, incremental_state, attn_mask, before_softmax, need_weights,
-               need_head_weights):
+    def attend(self, query, p, incremental_state, attn_mask, need_weights, need_head_weights):
         q, k, v, key_padding_mask, kv_bsz, tgt_len, bsz = p
-        if self.training or before_softmax:
-            q = q * self.scaling
-        scores = self.mask_scores(
-            self.attention_scores(q, k, kv_bsz), attn_mask, key_padding_mask, kv_bsz
-        )
-        if before_softmax:
-            return scores, v
+        scores = self.scores(p, attn_mask, scaled=self.training)  # argmax needs no scale
         empty = queries_without_keys(attn_mask, key_padding_mask)
         if empty is not None and empty.size(0) > 1:
             # per sentence -> per query row (hypothesis and head) of the scores

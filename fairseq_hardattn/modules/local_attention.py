@@ -22,8 +22,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .cached_projection import CachedProjectionAttention
-from .flexible_attention import (CpsCounter, fast_tanh, first_key_positions, gather_ranges,
-                                 unpadded_lengths, weighted_window_values)
+from .cps import CpsCounter
+from .gate_networks import fast_tanh
+from .windows import first_key_positions, gather_ranges, unpadded_lengths, weighted_window_values
 
 
 class LocalAttention(CachedProjectionAttention):
@@ -58,10 +59,8 @@ class LocalAttention(CachedProjectionAttention):
         relative = relative.permute(1, 2, 0).reshape(bsz * self.num_heads, -1).float()
         return starts.unsqueeze(1) + lengths.unsqueeze(1) * relative
 
-    def attend(self, query, p, incremental_state, attn_mask, before_softmax, need_weights,
-               need_head_weights):
+    def attend(self, query, p, incremental_state, attn_mask, need_weights, need_head_weights):
         q, k, v, key_padding_mask, kv_bsz, tgt_len, bsz = p
-        q = q * self.scaling
         src_len = k.size(1)
         rows_per_sentence = bsz // kv_bsz * self.num_heads
         starts = first_key_positions(key_padding_mask, kv_bsz, q.device)
@@ -70,13 +69,11 @@ class LocalAttention(CachedProjectionAttention):
                                lengths.repeat_interleave(rows_per_sentence), bsz)
 
         if incremental_state is not None and not self.training:
-            out = self._window_step(q, k, v, key_padding_mask, kv_bsz, bsz, centres, lengths)
+            out = self._window_step(q * self.scaling, k, v, key_padding_mask, kv_bsz, bsz,
+                                    centres, lengths)
             return self.merge_heads(out, tgt_len, bsz), None
 
-        scores = self.mask_scores(self.attention_scores(q, k, kv_bsz), attn_mask,
-                                  key_padding_mask, kv_bsz)
-        if before_softmax:
-            return scores, v
+        scores = self.scores(p, attn_mask)
         positions = torch.arange(src_len, device=q.device).float()
         distance = positions - centres.unsqueeze(-1)  # (rows, T, S)
         logits = scores.float().masked_fill(distance.abs() > self.window, float("-inf"))

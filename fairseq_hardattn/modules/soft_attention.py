@@ -24,14 +24,9 @@ class SoftAttention(CachedProjectionAttention):
         return super().forward(query, key, value, key_padding_mask=key_padding_mask,
                                incremental_state=incremental_state, **kwargs)
 
-    def attend(self, query, p, incremental_state, attn_mask, before_softmax, need_weights,
-               need_head_weights):
-        q, k, v, key_padding_mask, kv_bsz, tgt_len, bsz = p
-        scores = self.mask_scores(self.attention_scores(q * self.scaling, k, kv_bsz),
-                                  attn_mask, key_padding_mask, kv_bsz)
-        if before_softmax:
-            return scores, v
+    def attend(self, query, p, incremental_state, attn_mask, need_weights, need_head_weights):
+        scores = self.scores(p, attn_mask)
         probs = F.softmax(scores.float(), dim=-1).type_as(scores)
-        out = self.weighted_values(self.dropout_module(probs), v, kv_bsz)
-        weights = self.format_weights(probs, bsz, need_head_weights) if need_weights else None
-        return self.merge_heads(out, tgt_len, bsz), weights
+        out = self.weighted_values(self.dropout_module(probs), p.v, p.kv_bsz)
+        weights = self.format_weights(probs, p.bsz, need_head_weights) if need_weights else None
+        return self.merge_heads(out, p.tgt_len, p.bsz), weights

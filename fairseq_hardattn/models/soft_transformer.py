@@ -1,0 +1,38 @@
+"""The soft baseline: fairseq's Transformer with soft attention everywhere,
+built by this plugin's classes, so that it decodes on the same terms as every
+other variant (encoder K/V kept once per sentence of a beam, alignments from
+a teacher-forced pass) and its checkpoints switch kinds like theirs.
+``transformer_soft`` (Base), ``_big`` and ``_small`` (the CPU preset).
+"""
+
+from fairseq.models import register_model, register_model_architecture
+
+from .attention_kind_base import (
+    AttentionKindTransformerModel,
+    base_architecture,
+    big_architecture,
+    small_architecture,
+)
+
+MODEL_NAME = "soft_transformer"
+
+
+@register_model(MODEL_NAME)
+class SoftTransformerModel(AttentionKindTransformerModel):
+    """fairseq's Transformer, soft attention in every sublayer by default."""
+
+
+@register_model_architecture(MODEL_NAME, "transformer_soft")
+def transformer_soft(args):
+    base_architecture(args)
+
+
+@register_model_architecture(MODEL_NAME, "transformer_soft_big")
+def transformer_soft_big(args):
+    big_architecture(args)
+
+
+@register_model_architecture(MODEL_NAME, "transformer_soft_small")
+def transformer_soft_small(args):
+    """The soft baseline at the CPU preset (the same model as fairseq's transformer)."""
+    small_architecture(args)
