@@ -1,19 +1,17 @@
 """fairseq-hardattn: efficient decoder attention as a fairseq user-dir plugin.
 
-Load with ``--user-dir fairseq_hardattn`` (or import the package). Importing
-registers the models, architectures and criterions, lets torch >= 2.6 load
-fairseq checkpoints, keeps fairseq from dropping the last batch of a dataset,
-and makes configuration errors print in one line.
+Load with ``--user-dir "$(python -m fairseq_hardattn)"`` (or import the
+package). Importing registers the models, architectures and criterions and
+applies the few workarounds of fairseq behaviour in ``fairseq_compat``
+(checkpoints on torch >= 2.6, the last batch of a data set, one-line errors,
+checked ``--model-overrides``, quieter library warnings).
 """
 
-from . import batching_fix  # noqa: F401
-from . import checkpoint_compat  # noqa: F401  (before anything loads a checkpoint)
 from . import fairseq_compat
-from .errors import ConfigError, install_error_hook
+from .errors import ConfigError
 from . import criterions, models  # noqa: F401
 
-fairseq_compat.install()
-install_error_hook()
+fairseq_compat.install()  # before anything loads a checkpoint
 
 __all__ = ["ConfigError", "USER_DIR", "registered_architectures"]
 

@@ -4,9 +4,9 @@ fairseq's command-line tools print a full traceback for any exception raised
 while building a model or loading a checkpoint. For the mistakes a user makes
 (an unknown attention kind, contradictory options, a checkpoint of another
 family) a traceback from deep inside fairseq hides the one line that matters,
-so the plugin installs an exception hook that prints only that line (for
-``ConfigError`` and for fairseq's own input errors, e.g. a sentence longer
-than the model's maximum positions).
+so the plugin's exception hook (``report_error``, installed by
+``fairseq_compat``) prints only that line: for ``ConfigError`` and for
+fairseq's and torch's errors about a user's input (``one_line``).
 """
 
 import os
@@ -60,7 +60,10 @@ def _debugging():
     return os.environ.get("LOGLEVEL", "").upper() == "DEBUG"
 
 
-def _report_config_errors(exc_type, exc, tb, _previous=sys.excepthook):
+def report_error(exc_type, exc, tb, _previous=sys.excepthook):
+    """``sys.excepthook`` (installed by ``fairseq_compat``): ``ConfigError``s
+    and known input errors in one line (``LOGLEVEL=DEBUG`` adds the
+    traceback), anything else as Python reports it."""
     line = one_line(exc)
     if line is None:
         _previous(exc_type, exc, tb)
@@ -68,13 +71,6 @@ def _report_config_errors(exc_type, exc, tb, _previous=sys.excepthook):
     if _debugging():  # LOGLEVEL=DEBUG: the whole story, then the line
         traceback.print_exception(exc_type, exc, tb)
     print(f"fairseq-hardattn: error: {line}", file=sys.stderr)
-
-
-def install_error_hook():
-    """Print ``ConfigError``s and known input errors in one line when they
-    reach the top level (``LOGLEVEL=DEBUG`` adds the traceback)."""
-    if sys.excepthook is not _report_config_errors:
-        sys.excepthook = _report_config_errors
 
 
 def data_dir(task):

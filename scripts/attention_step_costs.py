@@ -19,7 +19,6 @@ Example (Transformer Base dims, 100-token sources, beam 4):
 """
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -30,6 +29,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 from fairseq.modules import MultiheadAttention  # noqa: E402
 
+from fairseq_hardattn.tools.reporting import write_outputs  # noqa: E402
 from fairseq_hardattn.modules import (  # noqa: E402
     FlexibleAttention,
     HardRetrievalAttention,
@@ -201,13 +201,8 @@ def main(argv=None):
                          f"{r['first_step_us']:.0f} |")
             print(lines[-1], flush=True)
         results.extend(rows)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write("\n".join(lines) + "\n")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"settings": dict(vars(args), torch=torch.__version__),
-                       "results": results}, f, indent=2)
+    write_outputs({"settings": dict(vars(args), torch=torch.__version__), "results": results},
+                  "\n".join(lines), args.json, args.markdown, echo=False)
 
 
 if __name__ == "__main__":

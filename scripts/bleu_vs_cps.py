@@ -13,7 +13,6 @@ Example: scripts/bleu_vs_cps.py --data data-bin --checkpoint flexible.pt \
 """
 
 import argparse
-import json
 import logging
 import os
 
@@ -26,9 +25,11 @@ logging.getLogger("fairseq").setLevel(logging.WARNING)
 import torch  # noqa: E402
 from fairseq import checkpoint_utils  # noqa: E402
 
-from fairseq_hardattn import ConfigError, benchmark  # noqa: E402
-from fairseq_hardattn.plotting import pyplot, save_line_plot  # noqa: E402
-from fairseq_hardattn.scoring import tokenized_bleu  # noqa: E402
+from fairseq_hardattn import ConfigError  # noqa: E402
+from fairseq_hardattn.tools import fixtures, timing  # noqa: E402
+from fairseq_hardattn.tools.plotting import pyplot, save_line_plot  # noqa: E402
+from fairseq_hardattn.tools.reporting import write_outputs  # noqa: E402
+from fairseq_hardattn.tools.scoring import tokenized_bleu  # noqa: E402
 
 
 def main(argv=None):
@@ -57,8 +58,8 @@ def main(argv=None):
             p.error(f"--checkpoint {path}: no such file (labels may not contain '=')")
         checkpoints.append((label, path))
     torch.set_num_threads(args.threads)
-    task = benchmark.setup_translation_task(args.data)
-    batches = benchmark.test_batches(task, "test", args.batch_size)
+    task = fixtures.setup_translation_task(args.data)
+    batches = fixtures.test_batches(task, "test", args.batch_size)
     curves = []
     for label, path in checkpoints:
         curves.append({"label": label, "checkpoint": path,
@@ -83,9 +84,7 @@ def main(argv=None):
     ax.set_ylabel("BLEU (tokenized, lowercased)")
     ax.set_title("BLEU vs attention computations")
     save_line_plot(fig, ax, args.out)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"beam": args.beam, "curves": curves}, f, indent=2)
+    write_outputs({"beam": args.beam, "curves": curves}, "", args.json, echo=False)
 
 
 def measure(parser, task, batches, label, checkpoint, threshold, args):
@@ -99,9 +98,9 @@ def measure(parser, task, batches, label, checkpoint, threshold, args):
     if not hasattr(model, "cps_summary"):
         parser.error(f"{checkpoint} has no flexible attention")
     model.enable_cps_counting()
-    generator = benchmark.make_generator(benchmark.prepare_for_decoding(model, args.beam),
+    generator = fixtures.make_generator(fixtures.prepare_for_decoding(model, args.beam),
                                          task.target_dictionary, args.beam)
-    hyps = benchmark.translate(generator, batches, task.target_dictionary)
+    hyps = timing.translate(generator, batches, task.target_dictionary)
     cps = model.cps_summary()
     point = {"threshold": threshold, "cps": round(cps["cps"], 3),
              "global_cps": round(cps["global_cps"], 3),

@@ -103,7 +103,7 @@ def prepare_data(args, work):
                     sys.exit(f"demo: {raw}/{split}.{side} is missing")
         log(f"using the data in {raw}")
     else:
-        from fairseq_hardattn import synthetic
+        from fairseq_hardattn.tools import synthetic
 
         synthetic.write_task("reorder", str(raw), sizes=(12000, 300, 500), seed=1)
         log(f"wrote the synthetic reordering task to {raw} (12000/300/500 sentence pairs)")
@@ -137,7 +137,7 @@ def train_command(args, work, data_bin, arch):
 
 
 def translate(work, data_bin, checkpoint, raw, arch):
-    from fairseq_hardattn.scoring import read_hypotheses, sacre_bleu
+    from fairseq_hardattn.tools.scoring import read_hypotheses, sacre_bleu
 
     gen_path = work / f"{arch}.test.gen"
     run(tool("fairseq-generate") + [
@@ -181,23 +181,23 @@ def main():
 
     log(f"step 4/4: decoding speed, side by side ({args.reps} interleaved repetitions)")
     import torch
-    from fairseq_hardattn import benchmark
+    from fairseq_hardattn.tools import fixtures, timing
 
     torch.set_num_threads(args.threads)
-    task = benchmark.setup_translation_task(str(data_bin))
-    specs = [benchmark.ModelSpec(name=arch, checkpoint=str(checkpoints[arch])) for _, arch in MODELS]
-    models = benchmark.load_models(specs, task)
-    batches = benchmark.test_batches(task, "test", batch_size=64)
-    timings = benchmark.benchmark_decoding(
+    task = fixtures.setup_translation_task(str(data_bin))
+    specs = [fixtures.ModelSpec(name=arch, checkpoint=str(checkpoints[arch])) for _, arch in MODELS]
+    models = fixtures.load_models(specs, task)
+    batches = fixtures.test_batches(task, "test", batch_size=64)
+    timings = timing.benchmark_decoding(
         models, task.target_dictionary, batches, beam=4, reps=args.reps, warmup=1,
         progress=lambda m: log("    " + m))
 
     base = MODELS[0][1]
-    base_rate = timings[base].rate(timings[base].sentences, benchmark.statistics.median)
+    base_rate = timings[base].rate(timings[base].sentences, timing.median)
     print()
     print(f"{'arch':<28} {'sacreBLEU':>9} {'sentences/s':>12} {'speed vs soft':>14}")
     for label, arch in MODELS:
-        rate = timings[arch].rate(timings[arch].sentences, benchmark.statistics.median)
+        rate = timings[arch].rate(timings[arch].sentences, timing.median)
         print(f"{arch:<28} {scores[arch][0]:>9.2f} {rate:>12.1f} {rate / base_rate:>13.2f}x")
     print(f"\nsacreBLEU signature: {scores[base][1]}")
     print(f"test set: {timings[base].sentences} sentences, beam 4, batch 64, "

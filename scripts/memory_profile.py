@@ -40,13 +40,13 @@ def current_rss_mb():
 def child(args):
     """Run one workload in this process; print one JSON line."""
     import torch
-    from fairseq_hardattn import benchmark
+    from fairseq_hardattn.tools import fixtures, timing
 
     torch.set_num_threads(1)
-    dictionary = benchmark.synthetic_dictionary(args.vocab)
-    task = benchmark._DictionaryTask(dictionary)
-    spec = benchmark.ModelSpec(name=args.arch, arch=args.arch)
-    model = benchmark.load_models([spec], task, arch_overrides={
+    dictionary = fixtures.synthetic_dictionary(args.vocab)
+    task = fixtures.DictionaryTask(dictionary)
+    spec = fixtures.ModelSpec(name=args.arch, arch=args.arch)
+    model = fixtures.load_models([spec], task, arch_overrides={
         "flexible_mean_source_length": float(args.length)})[args.arch]
     device = torch.device(args.device)
     model.to(device)
@@ -58,7 +58,7 @@ def child(args):
     if args.workload == "train":
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
         n = max(1, args.batch_tokens // args.length)
-        batches = benchmark.training_batches(task, args.train_steps, n * args.length, dictionary)
+        batches = fixtures.training_batches(task, args.train_steps, n * args.length, dictionary)
         model.train()
         for batch in batches:
             batch = {"net_input": {k: v.to(device) for k, v in batch["net_input"].items()},
@@ -69,13 +69,13 @@ def child(args):
                 logits.view(-1, logits.size(-1)), batch["target"].view(-1)).backward()
             optimizer.step()
     else:
-        batches = benchmark.random_batches(dictionary, args.num_sentences, args.length,
+        batches = fixtures.random_batches(dictionary, args.num_sentences, args.length,
                                            args.num_sentences)
-        model = benchmark.prepare_for_decoding(model, args.beam)
-        generator = benchmark.make_generator(model, dictionary, args.beam, args.length)
+        model = fixtures.prepare_for_decoding(model, args.beam)
+        generator = fixtures.make_generator(model, dictionary, args.beam, args.length)
         batches = [{**b, "net_input": {k: v.to(device) for k, v in b["net_input"].items()}}
                    for b in batches]
-        benchmark.decode(generator, batches)
+        timing.decode(generator, batches)
     peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else rss_mb()
     print(json.dumps({"arch": args.arch, "workload": args.workload, "peak_mb": round(peak, 1),
                       "workload_mb": round(peak - built, 1),
@@ -117,14 +117,10 @@ def main(argv=None):
     lines = ["| arch | workload | peak MB | MB used by the workload |", "|---|---|---|---|"]
     lines += [f"| {r['arch']} | {r['workload']} | {r['peak_mb']:.0f} | {r['workload_mb']:.0f} |"
               for r in rows]
-    table = "\n".join(lines)
-    print(table)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"settings": vars(args), "results": rows}, f, indent=2)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(table + "\n")
+    from fairseq_hardattn.tools.reporting import write_outputs
+
+    write_outputs({"settings": vars(args), "results": rows}, "\n".join(lines), args.json,
+                  args.markdown)
 
 
 if __name__ == "__main__":

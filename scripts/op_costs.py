@@ -12,7 +12,6 @@ Example: scripts/op_costs.py --threads 1 --json results/op_costs.json
 """
 
 import argparse
-import json
 import os
 import sys
 
@@ -23,6 +22,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch.utils import benchmark  # noqa: E402
 
 from fairseq_hardattn.modules.gather import retrieve  # noqa: E402
+from fairseq_hardattn.tools.reporting import write_outputs  # noqa: E402
 
 
 def measure(stmt, min_run_time, **tensors):
@@ -89,14 +89,8 @@ def main(argv=None):
     table = "\n".join(lines)
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU"
     print(f"microseconds per call, median; {device}, {args.threads} thread(s), {args.dtype}\n")
-    print(table)
     settings = dict(vars(args), torch=torch.__version__, device_name=device)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"settings": settings, "results": results}, f, indent=2)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(table + "\n")
+    write_outputs({"settings": settings, "results": results}, table, args.json, args.markdown)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ Example: scripts/plot_speed_vs_length.py --arch soft=transformer --arch hard=tra
 """
 
 import argparse
-import json
 import logging
 import sys
 import warnings
@@ -19,8 +18,9 @@ logging.getLogger("fairseq").setLevel(logging.WARNING)
 
 import torch  # noqa: E402
 
-from fairseq_hardattn import benchmark  # noqa: E402
-from fairseq_hardattn.plotting import pyplot, save_line_plot  # noqa: E402
+from fairseq_hardattn.tools import fixtures, timing  # noqa: E402
+from fairseq_hardattn.tools.plotting import pyplot, save_line_plot  # noqa: E402
+from fairseq_hardattn.tools.reporting import write_outputs  # noqa: E402
 
 
 def main(argv=None):
@@ -39,21 +39,21 @@ def main(argv=None):
     p.add_argument("--json")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    task = benchmark._DictionaryTask(benchmark.synthetic_dictionary(args.vocab))
-    specs = benchmark.parse_model_specs(None, args.arch, args.override)
+    task = fixtures.DictionaryTask(fixtures.synthetic_dictionary(args.vocab))
+    specs = fixtures.parse_model_specs(None, args.arch, args.override)
     rates = {s.name: [] for s in specs}
     for length in args.lengths:
         # flexible attention's auto threshold uses the mean source length
-        models = benchmark.load_models(specs, task, arch_overrides={
+        models = fixtures.load_models(specs, task, arch_overrides={
             "flexible_mean_source_length": float(length), "max_source_positions": 4096,
             "max_target_positions": 4096})
-        batches = benchmark.random_batches(task.target_dictionary, args.num_sentences, length,
+        batches = fixtures.random_batches(task.target_dictionary, args.num_sentences, length,
                                            args.batch_size)
-        timings = benchmark.benchmark_decoding(
+        timings = timing.benchmark_decoding(
             models, task.target_dictionary, batches, args.beam, args.reps, warmup=1,
             fixed_output_len=args.output_len or length)
         for name, t in timings.items():
-            rates[name].append(round(t.rate(t.sentences, benchmark.statistics.median), 2))
+            rates[name].append(round(t.rate(t.sentences, timing.median), 2))
         print(f"[speed_vs_length] source length {length}: " + ", ".join(
             f"{n} {r[-1]:.1f} sent/s" for n, r in rates.items()), file=sys.stderr, flush=True)
 
@@ -68,10 +68,8 @@ def main(argv=None):
     ax.set_ylabel("sentences / s")
     ax.set_title(f"decoding speed, beam {args.beam}, {args.output_len or 'source-length'} output tokens")
     save_line_plot(fig, ax, args.out)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"settings": vars(args), "lengths": args.lengths, "sentences_per_s": rates},
-                      f, indent=2)
+    write_outputs({"settings": vars(args), "lengths": args.lengths, "sentences_per_s": rates},
+                  "", args.json, echo=False)
 
 
 if __name__ == "__main__":

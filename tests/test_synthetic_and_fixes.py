@@ -6,7 +6,7 @@ import torch
 from fairseq.data import data_utils
 
 import fairseq_hardattn  # noqa: F401  (installs the fixes)
-from fairseq_hardattn import synthetic
+from fairseq_hardattn.tools import synthetic
 
 
 def test_synthetic_tasks_are_deterministic_and_reorder():

@@ -20,7 +20,7 @@ log "$NAME: translating test2016 (beam $BEAM)"
 fairseq-generate "$WORK_DIR/data-bin" --user-dir "$USER_DIR" --path "$CKPT" --cpu \
   --gen-subset test --beam "$BEAM" --batch-size 128 --remove-bpe "$@" \
   > "$OUT/$NAME.gen" 2> "$OUT/$NAME.gen.log"
-python -m fairseq_hardattn.scoring "$OUT/$NAME.gen" --json \
+python -m fairseq_hardattn.tools.scoring "$OUT/$NAME.gen" --json \
   --tok-ref "$DATA_DIR/tok/test_2016_flickr.de" \
   --raw-ref "$DATA_DIR/raw/test_2016_flickr.de" --detok-lang de > "$OUT/$NAME.json.tmp"
 mv "$OUT/$NAME.json.tmp" "$OUT/$NAME.json"

@@ -19,21 +19,29 @@ import atexit
 import logging
 import math
 import sys
-import weakref
 
 from ..errors import ConfigError
+from ..modules.cps import combined_summary
 from ..modules.gate_networks import masked_mean_gate
 
 logger = logging.getLogger(__name__)
 
-# models built with --print-cps, reported once when the process ends
-_CPS_REPORTERS = weakref.WeakSet()
+# the CPS counters of each model built with --print-cps (not the models: they
+# may be gone when the process ends), reported once at exit
+_CPS_REPORTS = []
 
 
 @atexit.register
 def _report_cps():
-    for model in list(_CPS_REPORTERS):
-        model.print_cps_summary()
+    for counters in _CPS_REPORTS:
+        print_cps_summary(combined_summary(counters))
+
+
+def print_cps_summary(summary):
+    if summary:
+        print(f"fairseq-hardattn | CPS {summary['cps']:.2f} (global attention "
+              f"{summary['global_cps']:.2f}): {100 * summary['reduction']:.1f}% fewer "
+              "score computations", file=sys.stderr, flush=True)
 
 
 def resolve_threshold(args):
@@ -130,7 +138,7 @@ class FlexibleAttentionOptions:
                     module.set_threshold(threshold)
         if getattr(args, "print_cps", False):
             self.enable_cps_counting()
-            _CPS_REPORTERS.add(self)
+            _CPS_REPORTS.append([module.cps for module in self.windowed_modules()])
 
     def train(self, mode=True):
         """Refuse training within bands that do not exist (decoding such a
@@ -160,18 +168,4 @@ class FlexibleAttentionOptions:
 
     def cps_summary(self):
         """Score computations per decoding step, over all windowed layers."""
-        summaries = [s for s in (m.cps.summary() for m in self.windowed_modules()) if s]
-        if not summaries:
-            return None
-        queries = sum(s["queries"] for s in summaries)
-        cps = sum(s["cps"] * s["queries"] for s in summaries) / queries
-        global_cps = sum(s["global_cps"] * s["queries"] for s in summaries) / queries
-        return {"cps": cps, "global_cps": global_cps,
-                "reduction": 1 - cps / global_cps if global_cps else 0.0}
-
-    def print_cps_summary(self):
-        summary = self.cps_summary()
-        if summary:
-            print(f"fairseq-hardattn | CPS {summary['cps']:.2f} (global attention "
-                  f"{summary['global_cps']:.2f}): {100 * summary['reduction']:.1f}% fewer "
-                  "score computations", file=sys.stderr, flush=True)
+        return combined_summary(module.cps for module in self.windowed_modules())

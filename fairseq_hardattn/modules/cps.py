@@ -31,3 +31,16 @@ class CpsCounter:
         return {"cps": float(self.scored) / self.queries,
                 "global_cps": float(self.available) / self.queries,
                 "queries": self.queries}
+
+
+def combined_summary(counters):
+    """CPS over several counters (layers), weighted by their queries: cps,
+    global_cps and the reduction, or None before any counted step."""
+    summaries = [s for s in (counter.summary() for counter in counters) if s]
+    if not summaries:
+        return None
+    queries = sum(s["queries"] for s in summaries)
+    cps = sum(s["cps"] * s["queries"] for s in summaries) / queries
+    global_cps = sum(s["global_cps"] * s["queries"] for s in summaries) / queries
+    return {"cps": cps, "global_cps": global_cps,
+            "reduction": 1 - cps / global_cps if global_cps else 0.0}

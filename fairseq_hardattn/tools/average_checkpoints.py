@@ -1,7 +1,7 @@
 """Average the parameters of a run's last epoch checkpoints (fairseq's
 ``scripts/average_checkpoints.py``, which the fairseq wheel does not ship).
 
-Usage: python -m fairseq_hardattn.average_checkpoints --inputs RUN_DIR
+Usage: python -m fairseq_hardattn.tools.average_checkpoints --inputs RUN_DIR
            --num-epoch-checkpoints 5 --output RUN_DIR/checkpoint_avg.pt
 """
 
@@ -12,7 +12,7 @@ import sys
 
 import torch
 
-from . import checkpoint_compat  # noqa: F401  (torch >= 2.6 loads fairseq checkpoints)
+from .. import fairseq_compat  # noqa: F401  (torch >= 2.6 loads fairseq checkpoints)
 
 
 def last_epoch_checkpoints(run_dir, count):

@@ -1,0 +1,116 @@
+"""Side-by-side decoding and training speed of several models, in one process.
+
+Every model decodes exactly the same batches with fairseq's own
+``SequenceGenerator`` (as ``fairseq-generate`` does, after the same
+``prepare_for_inference_``), interleaved: each repetition times every model
+once, in a rotated order, after a warm-up pass, so that a change of machine
+load hits all models alike. Reported: sentences/s and tokens/s (median, min,
+max over repetitions) and the speed ratio to a baseline model.
+
+Models are trained checkpoints (``--model NAME=PATH``) or architectures with
+random weights (``--arch NAME=ARCH``); with random weights, use
+``--fixed-output-len`` so every model generates the same number of tokens.
+"""
+
+import argparse
+import copy
+import sys
+
+import torch
+
+from ..errors import ConfigError
+from .fixtures import (DictionaryTask, load_models, parse_model_specs, random_batches,
+                       setup_translation_task, synthetic_dictionary, test_batches,
+                       training_batches)
+from .reporting import markdown_table, report, write_outputs
+from .timing import benchmark_decoding, benchmark_training, profile_sublayers
+
+
+def build_parser():
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="Example: benchmark_decoding.py --data data-bin --model soft=soft.pt "
+               "--model hard=hard.pt --beam 4 --batch-size 64 --reps 5",
+    )
+    p.add_argument("--data", help="fairseq data-bin (dictionary and test batches)")
+    p.add_argument("--subset", default="test")
+    p.add_argument("--model", action="append", metavar="NAME=CHECKPOINT")
+    p.add_argument("--arch", action="append", metavar="NAME=ARCH",
+                   help="an architecture with random weights (use --fixed-output-len)")
+    p.add_argument("--override", action="append", metavar="NAME=DICT",
+                   help="model overrides for one model, e.g. hard=\"{'dec_self_attn_kind': 'soft'}\"")
+    p.add_argument("--baseline", help="model the ratios refer to (default: the first)")
+    p.add_argument("--beam", type=int, default=4)
+    p.add_argument("--batch-size", type=int, default=64, help="sentences per batch")
+    p.add_argument("--max-sentences", type=int, help="use only the first N test sentences")
+    p.add_argument("--vocab", type=int, default=10000, help="without --data: dictionary size")
+    p.add_argument("--src-len", type=int, help="random sources of this length instead of --data's")
+    p.add_argument("--num-sentences", type=int, default=256, help="with --src-len")
+    p.add_argument("--fixed-output-len", type=int, help="generate exactly this many tokens")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--train-batches", type=int, default=0,
+                   help="also time forward+backward on this many training batches")
+    p.add_argument("--train-max-tokens", type=int, default=4096)
+    p.add_argument("--sublayer-times", action="store_true",
+                   help="also profile the share of decoding time spent in each attention "
+                        "sublayer (one extra, untimed pass per model), and the baseline's "
+                        "attention-free limit")
+    p.add_argument("--json", help="write the results here")
+    p.add_argument("--markdown", help="write the table here")
+    return p
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    torch.set_num_threads(args.threads)
+    log = lambda msg: print(f"[benchmark] {msg}", file=sys.stderr, flush=True)
+    try:
+        specs = parse_model_specs(args.model, args.arch, args.override)
+        if args.data:
+            task = setup_translation_task(args.data)
+        else:
+            task = DictionaryTask(synthetic_dictionary(args.vocab))
+            if args.src_len is None:
+                raise ConfigError("without --data, give --src-len for random sources")
+        dictionary = task.target_dictionary
+        baseline = args.baseline or specs[0].name
+        if baseline not in {s.name for s in specs}:
+            raise ConfigError(f"--baseline {baseline!r} is not one of the models")
+        if args.src_len:
+            batches = random_batches(dictionary, args.num_sentences, args.src_len, args.batch_size)
+        else:
+            batches = test_batches(task, args.subset, args.batch_size, args.max_sentences)
+        log(f"{len(specs)} models, {sum(b['nsentences'] for b in batches)} sentences, "
+            f"beam {args.beam}, batch {args.batch_size}, {args.threads} thread(s)")
+        models = load_models(specs, task)
+    except (ConfigError, FileNotFoundError) as err:
+        print(f"benchmark: error: {err}", file=sys.stderr)
+        return 2
+    params = {n: sum(p.numel() for p in m.parameters()) for n, m in models.items()}
+
+    train_timings = None
+    if args.train_batches:
+        log(f"training throughput on {args.train_batches} batches")
+        train_models = {n: copy.deepcopy(m) for n, m in models.items()}
+        train_timings = benchmark_training(
+            train_models, training_batches(task, args.train_batches, args.train_max_tokens, dictionary),
+            args.reps, args.warmup, log)
+    log("decoding")
+    decode_timings = benchmark_decoding(models, dictionary, batches, args.beam, args.reps,
+                                        args.warmup, args.fixed_output_len, log)
+    shares = None
+    if args.sublayer_times:
+        log("attention sublayer shares (one profiled pass per model)")
+        shares = profile_sublayers(models, dictionary, batches, args.beam, args.fixed_output_len)
+    settings = {k: v for k, v in vars(args).items() if k not in ("json", "markdown")}
+    settings["torch"] = torch.__version__
+    settings["sentences"] = sum(b["nsentences"] for b in batches)
+    result = report(decode_timings, train_timings, baseline, params, settings, shares)
+    write_outputs(result, markdown_table(result), args.json, args.markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,171 @@
+"""What the benchmarks decode and train on: models (trained checkpoints or
+random-weight architectures), tasks, batches (test sets, random sources,
+training batches) and fairseq's generator, set up as fairseq-generate does."""
+
+import argparse
+import os
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import torch
+from fairseq import checkpoint_utils, options, tasks
+from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
+from fairseq.sequence_generator import SequenceGenerator
+
+from ..errors import ConfigError
+
+
+@dataclass
+class ModelSpec:
+    name: str
+    checkpoint: Optional[str] = None
+    arch: Optional[str] = None
+    overrides: Dict = field(default_factory=dict)
+
+
+def parse_model_specs(model_args, arch_args, override_args) -> List[ModelSpec]:
+    specs = []
+    for text, key in [(t, "checkpoint") for t in model_args or []] + [
+        (t, "arch") for t in arch_args or []
+    ]:
+        name, sep, value = text.partition("=")
+        if not sep or not name or not value:
+            raise ConfigError(f"expected NAME=VALUE, got {text!r}")
+        if any(s.name == name for s in specs):
+            raise ConfigError(f"model name {name!r} given twice")
+        specs.append(ModelSpec(name=name, **{key: value}))
+    for text in override_args or []:
+        name, sep, value = text.partition("=")
+        spec = next((s for s in specs if s.name == name), None)
+        if spec is None:
+            raise ConfigError(f"--override names unknown model {name!r}")
+        try:
+            spec.overrides = dict(eval(value, {"__builtins__": {}}))
+        except Exception:
+            raise ConfigError(f"--override {name}: not a Python dict: {value!r}") from None
+    if not specs:
+        raise ConfigError("give at least one --model NAME=CHECKPOINT or --arch NAME=ARCH")
+    return specs
+
+
+def setup_translation_task(data_dir: str):
+    parser = options.get_generation_parser()
+    args = options.parse_args_and_arch(parser, [data_dir, "--task", "translation", "--cpu"])
+    return tasks.setup_task(args)
+
+
+def load_models(specs: List[ModelSpec], task, arch_overrides=None):
+    """name -> model in float32 on CPU, built from a checkpoint or an arch."""
+    models = {}
+    for spec in specs:
+        torch.manual_seed(0)
+        if spec.checkpoint:
+            if not os.path.exists(spec.checkpoint):
+                raise ConfigError(f"checkpoint not found: {spec.checkpoint}")
+            loaded, _ = checkpoint_utils.load_model_ensemble(
+                [spec.checkpoint], arg_overrides=spec.overrides or None, task=task
+            )
+            model = loaded[0]
+        else:
+            if spec.arch not in ARCH_MODEL_REGISTRY:
+                raise ConfigError(f"unknown architecture {spec.arch!r}")
+            args = argparse.Namespace(arch=spec.arch, **(arch_overrides or {}))
+            for key, value in spec.overrides.items():
+                setattr(args, key, value)
+            ARCH_CONFIG_REGISTRY[spec.arch](args)
+            model = ARCH_MODEL_REGISTRY[spec.arch].build_model(args, task)
+        models[spec.name] = model.float()
+    return models
+
+
+def test_batches(task, subset, batch_size, max_sentences=None, max_positions=(1024, 1024)):
+    task.load_dataset(subset)
+    dataset = task.dataset(subset)
+    iterator = task.get_batch_iterator(
+        dataset=dataset, max_sentences=batch_size, max_positions=max_positions,
+        ignore_invalid_inputs=True, seed=1,
+    ).next_epoch_itr(shuffle=False)
+    batches, count = [], 0
+    for sample in iterator:
+        if max_sentences is not None and count >= max_sentences:
+            break
+        if max_sentences is not None and count + sample["nsentences"] > max_sentences:
+            keep = max_sentences - count
+            sample = {
+                "id": sample["id"][:keep],
+                "nsentences": keep,
+                "net_input": {k: v[:keep] for k, v in sample["net_input"].items()},
+                "target": None if sample["target"] is None else sample["target"][:keep],
+            }
+        batches.append(sample)
+        count += sample["nsentences"]
+    return batches
+
+
+def random_batches(dictionary, num_sentences, src_len, batch_size, seed=1):
+    """Sources of exactly ``src_len`` tokens (the last one EOS), in batches."""
+    g = torch.Generator().manual_seed(seed)
+    batches = []
+    for start in range(0, num_sentences, batch_size):
+        n = min(batch_size, num_sentences - start)
+        src = torch.randint(dictionary.nspecial, len(dictionary), (n, src_len), generator=g)
+        src[:, -1] = dictionary.eos()
+        batches.append({
+            "id": torch.arange(start, start + n),
+            "nsentences": n,
+            "net_input": {"src_tokens": src, "src_lengths": torch.full((n,), src_len)},
+            "target": None,
+        })
+    return batches
+
+
+def make_generator(model, dictionary, beam, fixed_output_len=None, max_len_b=200):
+    if fixed_output_len:
+        # EOS is blocked until min_len and forced at max_len: same work for all
+        return SequenceGenerator([model], dictionary, beam_size=beam,
+                                 min_len=fixed_output_len, max_len_a=0,
+                                 max_len_b=fixed_output_len)
+    return SequenceGenerator([model], dictionary, beam_size=beam, max_len_b=max_len_b)
+
+
+def prepare_for_decoding(model, beam):
+    """What fairseq-generate does to a model before decoding."""
+    model.eval()
+    model.make_generation_fast_(beamable_mm_beam_size=beam, need_attn=False)
+    return model
+
+
+def synthetic_dictionary(size):
+    from fairseq.data import Dictionary
+
+    d = Dictionary()
+    for i in range(size - d.nspecial):
+        d.add_symbol(f"w{i}")
+    return d
+
+
+class DictionaryTask:
+    """What ``build_model`` and the batch builders need of a translation
+    task, for models with random weights and no data directory."""
+
+    def __init__(self, d):
+        self.source_dictionary = self.target_dictionary = d
+
+
+def training_batches(task, count, max_tokens, dictionary, seed=1):
+    if task is not None and not isinstance(task, DictionaryTask):
+        task.load_dataset("train")
+        it = task.get_batch_iterator(dataset=task.dataset("train"), max_tokens=max_tokens,
+                                     max_positions=(1024, 1024), ignore_invalid_inputs=True,
+                                     seed=seed).next_epoch_itr(shuffle=False)
+        return [b for _, b in zip(range(count), it)]
+    g = torch.Generator().manual_seed(seed)
+    batches = []
+    for _ in range(count):
+        n, length = max(1, max_tokens // 24), 24
+        src = torch.randint(dictionary.nspecial, len(dictionary), (n, length), generator=g)
+        tgt = torch.randint(dictionary.nspecial, len(dictionary), (n, length), generator=g)
+        prev = torch.cat([torch.full((n, 1), dictionary.eos()), tgt[:, :-1]], 1)
+        batches.append({"net_input": {"src_tokens": src, "src_lengths": torch.full((n,), length),
+                                      "prev_output_tokens": prev}, "target": tgt})
+    return batches

@@ -1,0 +1,124 @@
+"""Timing several models side by side in one process: each repetition runs
+every model once, in a rotated order, after a warm-up pass, so that a change
+of machine load hits all models alike (``interleaved``); decoding with
+fairseq's own ``SequenceGenerator``, training as forward + backward."""
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Dict, List
+
+import torch
+import torch.nn.functional as F
+
+from .fixtures import make_generator, prepare_for_decoding
+from .profiling import timed_sublayers
+
+median = statistics.median
+
+
+@dataclass
+class Timing:
+    seconds: List[float]
+    sentences: int
+    tokens: int
+
+    def rate(self, amount, how):
+        return amount / how(self.seconds)
+
+    def summary(self, unit_count, prefix):
+        return {
+            f"{prefix}_median": round(self.rate(unit_count, statistics.median), 2),
+            f"{prefix}_min": round(self.rate(unit_count, max), 2),
+            f"{prefix}_max": round(self.rate(unit_count, min), 2),
+        }
+
+
+@torch.no_grad()
+def decode(generator, batches):
+    tokens = 0
+    for sample in batches:
+        hyps = generator.generate(None, sample)
+        tokens += sum(len(h[0]["tokens"]) for h in hyps)
+    return tokens
+
+
+@torch.no_grad()
+def translate(generator, batches, dictionary, bpe_symbol="subword_nmt"):
+    """Best hypothesis of every sentence, BPE removed, in data-set order."""
+    by_id = {}
+    for sample in batches:
+        for sentence_id, hyps in zip(sample["id"].tolist(), generator.generate(None, sample)):
+            by_id[sentence_id] = dictionary.string(hyps[0]["tokens"].int(), bpe_symbol)
+    return [by_id[i] for i in sorted(by_id)]
+
+
+def train_pass(model, batches):
+    """Forward + backward of a training step (no optimizer: identical for all)."""
+    tokens = 0
+    for sample in batches:
+        logits, _ = model(**sample["net_input"])
+        target = sample["target"]
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), target.view(-1),
+                               ignore_index=model.decoder.padding_idx, reduction="sum")
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+        tokens += int(target.ne(model.decoder.padding_idx).sum())
+    return tokens
+
+
+def interleaved(run_fns: Dict[str, callable], reps: int, warmup: int, progress=None):
+    """name -> list of seconds; each repetition runs every function once, rotated."""
+    names = list(run_fns)
+    for _ in range(warmup):
+        for name in names:
+            run_fns[name]()
+    seconds = {name: [] for name in names}
+    results = {}
+    for rep in range(reps):
+        order = names[rep % len(names):] + names[: rep % len(names)]
+        for name in order:
+            start = time.perf_counter()
+            results[name] = run_fns[name]()
+            seconds[name].append(time.perf_counter() - start)
+        if progress:
+            progress(f"repetition {rep + 1}/{reps}: " + ", ".join(
+                f"{n} {seconds[n][-1]:.2f}s" for n in names))
+    return seconds, results
+
+
+def benchmark_decoding(models, dictionary, batches, beam, reps, warmup,
+                       fixed_output_len=None, progress=None):
+    generators = {
+        name: make_generator(prepare_for_decoding(model, beam), dictionary, beam, fixed_output_len)
+        for name, model in models.items()
+    }
+    sentences = sum(b["nsentences"] for b in batches)
+    seconds, tokens = interleaved(
+        {name: (lambda g=g: decode(g, batches)) for name, g in generators.items()},
+        reps, warmup, progress,
+    )
+    return {name: Timing(seconds[name], sentences, tokens[name]) for name in models}
+
+
+def profile_sublayers(models, dictionary, batches, beam, fixed_output_len=None):
+    """One extra decoding pass per model with hooks on its attention sublayers
+    (kept out of the timed repetitions): name -> {sublayer: share of the pass}."""
+    shares = {}
+    for name, model in models.items():
+        generator = make_generator(model, dictionary, beam, fixed_output_len)
+        with timed_sublayers(model) as timer:
+            start = time.perf_counter()
+            decode(generator, batches)
+            total = time.perf_counter() - start
+        shares[name] = {kind: seconds / total for kind, seconds in sorted(timer.seconds.items())}
+    return shares
+
+
+def benchmark_training(models, batches, reps, warmup, progress=None):
+    runs = {}
+    for name, model in models.items():
+        model.train()
+        runs[name] = lambda m=model: train_pass(m, batches)
+    seconds, tokens = interleaved(runs, reps, warmup, progress)
+    return {name: Timing(seconds[name], 0, tokens[name]) for name in models}
