@@ -6,44 +6,42 @@ the top of README.md, between its ``<!-- results:start -->`` and
 ``<!-- results:end -->`` markers.
 
 Usage: scripts/results_table.py WORK_DIR RESULTS_DIR [--reference OTHER_WORK_DIR]
-(as scripts/results.sh calls it). --reference adds the test2016 scores of
-another work dir (e.g. the soft/hard pair trained with a longer budget) as a
-second table.
+(as scripts/results.sh calls it). --reference adds the scores of another work
+dir (trained with another budget) as a second table. ``WORK_DIR --print``
+only prints the BLEU table of a work dir.
 """
 
 import argparse
+import importlib.util
 import json
 import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-RUNS_TSV = REPO / "examples" / "multi30k" / "runs.tsv"
-EXTRA_ROWS = [  # evaluation-only rows: (name, arch, what it changes)
-    ("soft_decoded_hard", "transformer_soft_small → hard", "trained soft, decoded with hard retrieval (Table 4)"),
-    ("hard_decoded_soft", "transformer_hard_dec_small → soft", "trained hard, decoded soft (Table 4)"),
-    ("fairseq_cross_self", "transformer --cross-self-attention --no-cross-attention",
-     "fairseq's own cross+self attention (the peer; same trained weights as cross_self)"),
-    ("flexible_ft", "transformer_flexible_small + gate loss", "flexible, fine-tuned 1 epoch with CE − 0.1·mean(g)"),
-    ("flexible_band_ft", "transformer_flexible_small + gate loss, --flexible-train-threshold",
-     "flexible, fine-tuned as flexible_ft, attending only within the bands of τ = log₁₀ S̄"),
-    ("flexible_gate32_band_ft", "transformer_flexible_small --flexible-gate-dim 32 + gate loss, "
-     "--flexible-train-threshold", "flexible_gate32, fine-tuned as flexible_band_ft"),
-    ("soft_ft", "transformer_soft_small, 1 more epoch", "soft, 1 more epoch as flexible_ft's (the control of its gain)"),
-]
 
 
+def _manifest():
+    path = REPO / "examples" / "multi30k" / "experiments.py"
+    spec = importlib.util.spec_from_file_location("experiments", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+EXPERIMENTS = _manifest()  # the runs, fine-tunings, decodes, benchmarks and table rows
 def load(path):
     return json.loads(Path(path).read_text()) if Path(path).is_file() else None
 
 
 def runs():
-    rows = []
-    for line in RUNS_TSV.read_text().splitlines():
-        if line.startswith("#") or not line.strip():
-            continue
-        name, arch, flags, what = (line.split("\t") + ["", "", "", ""])[:4]
-        rows.append((name, f"{arch} {flags}".strip(), what))
-    return rows + EXTRA_ROWS
+    """(name, arch and flags, what it changes) of every row of the main table."""
+    described = {f.name: (f"{f.arch} {f.flags} (from {f.start})", f.what)
+                 for f in EXPERIMENTS.FINETUNES}
+    archs = {run.name: run.arch for run in EXPERIMENTS.RUNS + EXPERIMENTS.FINETUNES}
+    for decode in EXPERIMENTS.DECODES:
+        described[decode.name] = (f"{archs[decode.run]} {decode.overrides}", decode.what)
+    rows = [(r.name, f"{r.arch} {r.flags}".strip(), r.what) for r in EXPERIMENTS.RUNS]
+    return rows + [(name, *described[name]) for name in EXPERIMENTS.TABLE_EXTRA_ROWS]
 
 
 def cps_of(work, name):
@@ -90,29 +88,9 @@ def speed_note(small, base):
     return note + " (details: results/speed_*.md)."
 
 
-CPS_ROWS = [  # the flexible-attention paper's Table 1: (result name, what)
-    ("soft", "global attention (soft baseline)"),
-    ("local_cps", "local attention (Luong local-p, D=10)"),
-    ("flexible_inf", "flexible attention, τ = ∞ (no skipping)"),
-    ("flexible_auto", "flexible attention, τ = log₁₀ S̄ (the paper's rule)"),
-    ("flexible_ft_inf", "+ fine-tuning with the gate loss, τ = ∞"),
-    ("flexible_ft_auto", "+ fine-tuning with the gate loss, τ = log₁₀ S̄"),
-    ("flexible_ft_tau075", "+ fine-tuning with the gate loss, τ = 0.75"),
-    ("flexible_band_ft_inf", "+ fine-tuning within the bands of τ = log₁₀ S̄, decoded with τ = ∞"),
-    ("flexible_band_ft_auto", "+ fine-tuning within the bands of τ = log₁₀ S̄, decoded with τ = log₁₀ S̄"),
-    ("flexible_band_ft_tau075", "+ fine-tuning within the bands of τ = log₁₀ S̄, decoded with τ = 0.75"),
-    ("flexible_gate32_inf", "flexible attention with a 32-unit gate network (d/4), τ = ∞"),
-    ("flexible_gate32_auto", "flexible attention with a 32-unit gate network, τ = log₁₀ S̄"),
-    ("flexible_gate32_band_ft_inf", "+ fine-tuning within the bands, decoded with τ = ∞"),
-    ("flexible_gate32_band_ft_auto", "+ fine-tuning within the bands, decoded with τ = log₁₀ S̄"),
-    ("flexible_gate32_band_ft_tau075", "+ fine-tuning within the bands, decoded with τ = 0.75"),
-    ("soft_ft", "global attention, 1 more epoch as the fine-tuning's (its control)"),
-]
-
-
 def cps_table(work):
     rows = []
-    for name, what in CPS_ROWS:
+    for name, what in EXPERIMENTS.CPS_ROWS:
         bleu, cps = load(Path(work) / "results" / f"{name}.json"), cps_of(work, name)
         if bleu is None:
             continue
@@ -126,47 +104,29 @@ def cps_table(work):
             "|---|---|---|---|\n" + "\n".join(rows) + "\n")
 
 
-def reference_table(reference):
+def bleu_table(work):
+    """The BLEU of every scored row of ``work`` (validation and test2016), or ''."""
     rows = []
     for name, _, what in runs():
-        bleu = load(Path(reference) / "results" / f"{name}.json")
+        bleu = load(Path(work) / "results" / f"{name}.json")
         if bleu:
-            rows.append(f"| `{name}` | {what} | {bleu['bleu_tok_lc']:.2f} | {bleu['sacrebleu']:.2f} |")
+            valid = load(Path(work) / "results" / f"{name}.valid.json")
+            rows.append(f"| `{name}` | {what} | {fmt(valid and valid['bleu_tok_lc'], '.2f')} | "
+                        f"{bleu['bleu_tok_lc']:.2f} | {bleu['sacrebleu']:.2f} |")
     if not rows:
         return ""
-    return (f"\n### Longer budget\n\nThe same recipe with a longer budget ({budget_note(reference)}):\n\n"
-            "| run | what it changes | test2016 BLEU (tok, lc) | sacreBLEU (lc) |\n|---|---|---|---|\n"
-            + "\n".join(rows) + "\n")
+    return ("| run | what it changes | valid BLEU | test2016 BLEU (tok, lc) | sacreBLEU (lc) |\n"
+            "|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
 
 
-FILES = {  # what each output of scripts/results.sh shows
-    "speed_small": "decoding and training speed, small preset, the trained checkpoints",
-    "speed_base": "decoding speed at Transformer Base dims (random weights)",
-    "speed_small_flexible": "the flexible family at the small preset, Multi30k test, the trained checkpoints (the band-trained ones also at τ = 0.75)",
-    "speed_small_long_sources": "small preset, the trained checkpoints, 100-token sources",
-    "speed_base_long_sources": "Base dims, 100-token sources: where skipping source positions pays",
-    "speed_base_200_token_sources": "Base dims, 200-token sources, 40 output tokens",
-    "speed_base_200_token_sources_160_outputs": "Base dims, 200-token sources, 160 output tokens",
-    "speed_base_400_token_sources": "Base dims, 400-token sources, 100 output tokens",
-    "attention_step_costs": "one decoding step of cross-attention alone, per mechanism, Base dims (flexible_small_gate: a d/4 gate network)",
-    "attention_step_costs_small": "the same at the small preset's dims (d = 128, 4 heads)",
-    "speed_base_long_outputs": "Base dims, 60 output tokens: where a constant-cost decoder step pays",
-    "op_costs_cpu": "per-operation costs of one decoding step (the hard-attention paper's Table 2)",
-    "memory": "peak memory of training and decoding",
-    "speed_vs_length": "decoding speed against source length",
-    "bleu_vs_cps": "flexible attention: BLEU against score computations per step over τ",
-    "bleu_vs_cps_gate32": "the same for flexible_gate32_band_ft (a d/4 gate network) at τ = 0.75 to 1.25",
-    "attention_soft": "cross-attention heatmaps, soft baseline (25-epoch model)",
-    "attention_hard": "chosen source positions of hard retrieval attention (25-epoch model)",
-    "attention_flexible_ft": "cross-attention of flexible attention after fine-tuning",
-    "flexible_gate": "flexible attention's gate g_t over the decoding steps of one sentence",
-    "issue2_speed_small": "soft vs hard, the 25-epoch checkpoints, end to end (1000 test sentences)",
-    "issue2_speed_small_fixed25": "soft vs hard, the 25-epoch checkpoints, 25 output tokens each",
-}
+def reference_table(reference):
+    table = bleu_table(reference)
+    return (f"\n### Other budget\n\nThe same recipe with another budget ({budget_note(reference)}):"
+            f"\n\n{table}") if table else ""
 
 
 def files_section(results):
-    rows = [f"- [{path.name}]({path.name}): {what}" for stem, what in FILES.items()
+    rows = [f"- [{path.name}]({path.name}): {what}" for stem, what in EXPERIMENTS.OUTPUTS.items()
             for path in sorted(results.glob(stem + ".*")) if path.suffix in (".md", ".png")]
     return "\n## Files\n\n" + "\n".join(rows) + "\n" if rows else ""
 
@@ -174,12 +134,19 @@ def files_section(results):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("work", type=Path, help="the work dir of scripts/results.sh")
-    parser.add_argument("results", type=Path, help="where to write the tables (results/)")
+    parser.add_argument("results", type=Path, nargs="?", help="where to write the tables (results/)")
+    parser.add_argument("--print", action="store_true",
+                        help="only print the BLEU of every scored run of WORK (no files written)")
     parser.add_argument("--reference", type=Path, help="another work dir whose scores to add")
     parser.add_argument("--readme", type=Path, default=REPO / "README.md",
                         help="README whose results markers receive the table")
     args = parser.parse_args(argv)
     work, results = args.work, args.results
+    if args.print:
+        print(bleu_table(work) or f"no scored runs in {work}")
+        return
+    if results is None:
+        parser.error("give RESULTS_DIR (or --print)")
     if not args.readme.is_file():
         parser.error(f"--readme {args.readme}: no such file")
     small_benchmark, base_benchmark = load(results / "speed_small.json"), load(results / "speed_base.json")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TEST_SENTENCES, USER_DIR, run_cli, tiny_dim_flags, tool_env, train
+from conftest import REPO, TEST_SENTENCES, USER_DIR, run_cli, tiny_dim_flags, tool_env, train
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 PYTHON_SCRIPTS = sorted(p.name for p in SCRIPTS.glob("*.py"))
@@ -238,3 +238,32 @@ def test_hydra_sweep_and_its_summary(reorder_data, tmp_path):
     assert sorted(r["overrides"] for r in rows) == ["optimization.lr=[0.002]", "optimization.lr=[0.004]"]
     assert all(r["best_valid_loss"] and r["best_valid_loss"] > 0 for r in rows)
     assert "optimization.lr=[0.004]" in proc.stdout
+
+
+def test_the_experiment_manifest_answers_the_scripts(tmp_path):
+    """results.sh and run.sh read runs, fine-tunings, decodes and benchmarks
+    from examples/multi30k/experiments.py: every name is unique, every decode
+    and fine-tuning starts from a declared run, every benchmark model is one."""
+    manifest = str(REPO / "examples" / "multi30k" / "experiments.py")
+
+    def query(*args):
+        proc = subprocess.run([sys.executable, manifest, *args], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        return [line.split("\t") for line in proc.stdout.splitlines()]
+
+    runs = {name for name, *_ in query("runs")}
+    finetunes = query("finetunes")
+    decodes = query("decodes")
+    names = list(runs) + [f[0] for f in finetunes] + [d[0] for d in decodes]
+    assert len(names) == len(set(names))
+    assert all(start in runs for _, start, *_ in finetunes)
+    trained = runs | {f[0] for f in finetunes}
+    assert all(run in trained for _, run, _ in decodes)
+    assert all(isinstance(eval(overrides), dict) for *_, overrides in decodes)
+    (tmp_path / "runs" / "soft").mkdir(parents=True)
+    (tmp_path / "runs" / "soft" / "checkpoint_avg.pt").write_bytes(b"")
+    for (benchmark,) in query("benchmarks"):
+        args = [a for (a,) in query("benchmark", benchmark, tmp_path)]
+        models = [a.split("=")[0] for a, prev in zip(args, [""] + args) if prev == "--model"]
+        assert set(models) <= {"soft"}, benchmark  # only what is trained
+        assert "--baseline" in args or "--arch" in args

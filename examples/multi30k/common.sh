@@ -11,7 +11,13 @@
 : "${AVERAGE_LAST:=5}"     # average the last N epoch checkpoints
 : "${BEAM:=4}"             # the hard-attention paper's beam
 : "${THREADS:=2}"
+: "${DEVICE:=cpu}"          # cuda: train and decode on the GPU (FP16=1: half precision)
 export OMP_NUM_THREADS="$THREADS" MKL_NUM_THREADS="$THREADS"
+case "$DEVICE" in
+  cpu) DEVICE_FLAGS=(--cpu) ;;
+  cuda) DEVICE_FLAGS=(); [ "${FP16:-0}" = 1 ] && DEVICE_FLAGS=(--fp16) ;;
+  *) echo "DEVICE must be cpu or cuda, not $DEVICE" >&2; exit 2 ;;
+esac
 
 REPO_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 USER_DIR="$REPO_DIR/fairseq_hardattn"
@@ -26,7 +32,7 @@ else  # fixed has no warmup-init-lr (and its warmup would span a short fine-tuni
   SCHEDULE=(--lr-scheduler "$LR_SCHEDULER")
 fi
 TRAIN_FLAGS=(
-  --user-dir "$USER_DIR" --cpu --seed "$SEED" --num-workers 0
+  --user-dir "$USER_DIR" "${DEVICE_FLAGS[@]}" --seed "$SEED" --num-workers 0
   --share-all-embeddings --dropout 0.3 --weight-decay 0.0001
   --optimizer adam --adam-betas '(0.9,0.98)' --clip-norm 0.0
   --lr 0.004 "${SCHEDULE[@]}"

@@ -18,39 +18,20 @@ mkdir -p "$WORK_DIR"
 
 bash "$HERE/prepare.sh" "$DATA_DIR" "$WORK_DIR"
 
-RUNS=("soft transformer_soft_small" "hard transformer_hard_dec_small")
-if [ "${ABLATIONS:-0}" = 1 ]; then
-  RUNS+=("hard_cross transformer_hard_cross_small" "hard_all transformer_hard_all_small")
-fi
-for run in "${RUNS[@]}"; do
-  bash "$HERE/train.sh" "$WORK_DIR" $run
+EXPERIMENTS=(python "$HERE/experiments.py")  # the runs and decodes, declared once
+WANTED=" soft hard soft_decoded_hard hard_decoded_soft "
+[ "${ABLATIONS:-0}" = 1 ] && WANTED+="hard_cross hard_all "
+while IFS=$'\t' read -r name arch flags; do
+  # shellcheck disable=SC2086
+  [[ "$WANTED" == *" $name "* ]] && bash "$HERE/train.sh" "$WORK_DIR" "$name" "$arch" $flags
+done < <("${EXPERIMENTS[@]}" runs)
+for subset in valid test; do
+  while IFS=$'\t' read -r name arch flags; do
+    [[ "$WANTED" == *" $name "* ]] && SUBSET=$subset bash "$HERE/evaluate.sh" "$DATA_DIR" "$WORK_DIR" "$name" "$name" > /dev/null
+  done < <("${EXPERIMENTS[@]}" runs)
+  while IFS=$'\t' read -r name run overrides; do
+    [[ "$WANTED" == *" $name "* ]] && SUBSET=$subset bash "$HERE/evaluate.sh" "$DATA_DIR" "$WORK_DIR" "$run" "$name" \
+      --model-overrides "$overrides" > /dev/null
+  done < <("${EXPERIMENTS[@]}" decodes)
 done
-
-bash "$HERE/evaluate.sh" "$DATA_DIR" "$WORK_DIR" soft soft
-bash "$HERE/evaluate.sh" "$DATA_DIR" "$WORK_DIR" hard hard
-bash "$HERE/evaluate.sh" "$DATA_DIR" "$WORK_DIR" soft soft_decoded_hard --model-overrides "$HARD_KINDS"
-bash "$HERE/evaluate.sh" "$DATA_DIR" "$WORK_DIR" hard hard_decoded_soft --model-overrides "$SOFT_KINDS"
-if [ "${ABLATIONS:-0}" = 1 ]; then
-  bash "$HERE/evaluate.sh" "$DATA_DIR" "$WORK_DIR" hard_cross hard_cross
-  bash "$HERE/evaluate.sh" "$DATA_DIR" "$WORK_DIR" hard_all hard_all
-fi
-
-python - "$WORK_DIR/results" <<'PY'
-import json, sys
-from pathlib import Path
-rows = [("soft", "soft baseline (transformer_soft_small)"),
-        ("hard", "transformer_hard_dec_small"),
-        ("soft_decoded_hard", "trained soft, decoded hard"),
-        ("hard_decoded_soft", "trained hard, decoded soft"),
-        ("hard_cross", "hard cross-attention only"),
-        ("hard_all", "hard encoder self-attention too")]
-print("\n| model | test2016 BLEU (tok, lc) | sacreBLEU (lc) |\n|---|---|---|")
-signature = ""
-for name, label in rows:
-    path = Path(sys.argv[1]) / f"{name}.json"
-    if path.exists():
-        r = json.loads(path.read_text())
-        signature = r["sacrebleu_signature"]
-        print(f"| {label} | {r['bleu_tok_lc']:.2f} | {r['sacrebleu']:.2f} |")
-print(f"\nsacreBLEU signature: {signature}")
-PY
+python "$HERE/../../scripts/results_table.py" "$WORK_DIR" --print

@@ -1,0 +1,287 @@
+#!/usr/bin/env python
+"""The Multi30k experiments, declared once: the runs trained from scratch,
+the fine-tunings that continue them, the decoding variants of trained runs,
+the benchmarks and which models they compare, and the rows and labels of
+the results tables. ``scripts/results.sh`` and ``examples/multi30k/run.sh``
+read it through this command line; ``scripts/results_table.py`` imports it.
+
+Usage: experiments.py runs | finetunes | decodes      (tab-separated lines)
+       experiments.py benchmarks                       (their names)
+       experiments.py benchmark NAME WORK_DIR          (its arguments, one per line)
+"""
+
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, Tuple
+
+SOFT_KINDS = {"dec_self_attn_kind": "soft", "dec_cross_attn_kind": "soft"}
+HARD_KINDS = {"dec_self_attn_kind": "hard", "dec_cross_attn_kind": "hard"}
+GATE_LOSS = "--criterion label_smoothed_cross_entropy_with_gate --gate-beta 0.1"
+
+
+@dataclass(frozen=True)
+class Run:
+    """Trained from scratch with the recipe of common.sh."""
+    name: str
+    arch: str
+    flags: str
+    what: str
+
+
+@dataclass(frozen=True)
+class FineTune:
+    """Continues ``start``'s averaged checkpoint: one more epoch at a fixed lr
+    of 1e-3 (``--finetune-from-model`` builds from these options: repeat the
+    start's own, e.g. a gate size)."""
+    name: str
+    start: str
+    arch: str
+    flags: str
+    what: str
+
+
+@dataclass(frozen=True)
+class Decode:
+    """A trained run decoded with other options (``--model-overrides``);
+    ``cps``: count the score computations per step too."""
+    name: str
+    run: str
+    overrides: Dict = field(default_factory=dict)
+    what: str = ""
+    cps: bool = False
+
+    def model_overrides(self):
+        return dict(self.overrides, print_cps=True) if self.cps else self.overrides
+
+
+RUNS = (
+    Run("soft", "transformer_soft_small", "", "soft baseline: fairseq's Transformer, small preset"),
+    Run("hard", "transformer_hard_dec_small", "",
+        "hard retrieval attention in decoder self- and cross-attention"),
+    Run("cross_self", "transformer_cross_self_small", "",
+        "cross+self attention over [final encoder; decoder] states"),
+    Run("cross_self_layerwise", "transformer_cross_self_layerwise_small", "",
+        "cross+self, decoder layer i attends to encoder layer i"),
+    Run("cross_self_share_attn", "transformer_cross_self_small", "--enc-dec-sharing attention",
+        "cross+self, encoder/decoder layers share attention"),
+    Run("cross_self_share_ffn", "transformer_cross_self_small", "--enc-dec-sharing attention+ffn",
+        "cross+self, sharing attention + feed-forward"),
+    Run("cross_self_share_all", "transformer_cross_self_small",
+        "--enc-dec-sharing attention+ffn+norm",
+        "cross+self, sharing attention + feed-forward + layer norms"),
+    Run("hard_cross_self", "transformer_hard_cross_self_small", "",
+        "hard retrieval cross+self attention"),
+    Run("aan", "transformer_aan_small", "", "average attention network replaces decoder self-attention"),
+    Run("aan_no_ffn", "transformer_aan_small", "--aan-ffn-dim 0",
+        "average attention network without its FFN (average + gate)"),
+    Run("local", "transformer_local_small", "", "Luong local-p cross-attention (window D=10)"),
+    Run("flexible", "transformer_flexible_small", "",
+        "flexible cross-attention (tracked centre, gated penalty)"),
+    Run("flexible_gate32", "transformer_flexible_small", "--flexible-gate-dim 32",
+        "flexible cross-attention with a 32-unit gate network (d/4: a quarter of its per-step product)"),
+    Run("hard_cross", "transformer_hard_cross_small", "",
+        "ablation: hard retrieval in decoder cross-attention only"),
+    Run("hard_all", "transformer_hard_all_small", "", "ablation: hard retrieval in encoder self-attention too"),
+)
+
+FINETUNES = (
+    FineTune("flexible_ft", "flexible", "transformer_flexible_small", GATE_LOSS,
+             "flexible, fine-tuned 1 epoch with CE − 0.1·mean(g)"),
+    # where decoding will look: attending only within the bands of τ (the paper's rule)
+    FineTune("flexible_band_ft", "flexible", "transformer_flexible_small",
+             GATE_LOSS + " --flexible-train-threshold",
+             "flexible, fine-tuned as flexible_ft, attending only within the bands of τ = log₁₀ S̄"),
+    FineTune("flexible_gate32_band_ft", "flexible_gate32", "transformer_flexible_small",
+             "--flexible-gate-dim 32 " + GATE_LOSS + " --flexible-train-threshold",
+             "flexible_gate32, fine-tuned as flexible_band_ft"),
+    # the control of the fine-tunings' gain: the same epoch, plain loss
+    FineTune("soft_ft", "soft", "transformer_soft_small", "",
+             "soft, 1 more epoch as flexible_ft's (the control of its gain)"),
+)
+
+_FLEXIBLE = ("flexible", "flexible_ft", "flexible_band_ft", "flexible_gate32", "flexible_gate32_band_ft")
+DECODES = (
+    Decode("soft_decoded_hard", "soft", HARD_KINDS, "trained soft, decoded with hard retrieval (Table 4)"),
+    Decode("hard_decoded_soft", "hard", SOFT_KINDS, "trained hard, decoded soft (Table 4)"),
+    # fairseq's own cross+self decodes the cross_self checkpoint (identical training)
+    Decode("fairseq_cross_self", "cross_self", {"_name": "transformer"},
+           "fairseq's own cross+self attention (the peer; same trained weights as cross_self)"),
+    *(Decode(f"{run}_inf", run, {"flexible_threshold": "inf"}, cps=True) for run in _FLEXIBLE),
+    *(Decode(f"{run}_auto", run, cps=True) for run in _FLEXIBLE),
+    *(Decode(f"{run}_tau075", run, {"flexible_threshold": 0.75}, cps=True)
+      for run in _FLEXIBLE if run.endswith("_ft")),
+    Decode("local_cps", "local", cps=True),
+)
+
+# rows of the main table after the runs: fine-tunings and Table-4 switches, in this order
+TABLE_EXTRA_ROWS = ("soft_decoded_hard", "hard_decoded_soft", "fairseq_cross_self", "flexible_ft",
+                    "flexible_band_ft", "flexible_gate32_band_ft", "soft_ft")
+
+CPS_ROWS = (  # the flexible-attention paper's Table 1: (result name, what)
+    ("soft", "global attention (soft baseline)"),
+    ("local_cps", "local attention (Luong local-p, D=10)"),
+    ("flexible_inf", "flexible attention, τ = ∞ (no skipping)"),
+    ("flexible_auto", "flexible attention, τ = log₁₀ S̄ (the paper's rule)"),
+    ("flexible_ft_inf", "+ fine-tuning with the gate loss, τ = ∞"),
+    ("flexible_ft_auto", "+ fine-tuning with the gate loss, τ = log₁₀ S̄"),
+    ("flexible_ft_tau075", "+ fine-tuning with the gate loss, τ = 0.75"),
+    ("flexible_band_ft_inf", "+ fine-tuning within the bands of τ = log₁₀ S̄, decoded with τ = ∞"),
+    ("flexible_band_ft_auto", "+ fine-tuning within the bands of τ = log₁₀ S̄, decoded with τ = log₁₀ S̄"),
+    ("flexible_band_ft_tau075", "+ fine-tuning within the bands of τ = log₁₀ S̄, decoded with τ = 0.75"),
+    ("flexible_gate32_inf", "flexible attention with a 32-unit gate network (d/4), τ = ∞"),
+    ("flexible_gate32_auto", "flexible attention with a 32-unit gate network, τ = log₁₀ S̄"),
+    ("flexible_gate32_band_ft_inf", "+ fine-tuning within the bands, decoded with τ = ∞"),
+    ("flexible_gate32_band_ft_auto", "+ fine-tuning within the bands, decoded with τ = log₁₀ S̄"),
+    ("flexible_gate32_band_ft_tau075", "+ fine-tuning within the bands, decoded with τ = 0.75"),
+    ("soft_ft", "global attention, 1 more epoch as the fine-tuning's (its control)"),
+)
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """``scripts/benchmark_decoding.py`` (its ``--json``/``--markdown`` go to
+    results/NAME.*) with ``args``, on ``models`` (trained runs, or decodes: a
+    run with overrides; each one only if trained) and the binarized data when
+    ``data``."""
+    name: str
+    what: str
+    args: str
+    models: Tuple[str, ...] = ()
+    data: bool = False
+
+
+_TRAINED = tuple(run.name for run in RUNS) + ("flexible_ft", "flexible_band_ft",
+                                               "flexible_gate32_band_ft", "fairseq_cross_self")
+_SMALL_TEST = "--beam 4 --batch-size 64 --max-sentences 384 --fixed-output-len 20 --reps 5 --threads 1"
+_BASE_WINDOWED = ("--arch soft=transformer_soft --arch local=transformer_local "
+                  "--arch flexible=transformer_flexible")
+BENCHMARKS = (
+    # the trained checkpoints, the test set, 20 output tokens for every model:
+    # the cost of the mechanisms, not of how long each model's translations are
+    Benchmark("speed_small", "decoding and training speed, small preset, the trained checkpoints",
+              f"--baseline soft {_SMALL_TEST} --train-batches 6 --sublayer-times", _TRAINED, True),
+    Benchmark("speed_small_flexible",
+              "the flexible family at the small preset, Multi30k test, the trained checkpoints "
+              "(the band-trained ones also at τ = 0.75)",
+              f"--baseline soft {_SMALL_TEST} --sublayer-times",
+              ("soft", "soft_ft", "local", "flexible", "flexible_ft", "flexible_band_ft",
+               "flexible_gate32", "flexible_gate32_band_ft", "flexible_band_ft_tau075",
+               "flexible_gate32_band_ft_tau075"), True),
+    # trained gates and centres on 100-token sources: where skipping can pay
+    Benchmark("speed_small_long_sources", "small preset, the trained checkpoints, 100-token sources",
+              "--baseline soft --src-len 100 --num-sentences 128 --batch-size 64 "
+              "--fixed-output-len 20 --beam 4 --reps 5 --threads 1 --sublayer-times",
+              ("soft", "local", "flexible", "flexible_ft", "flexible_band_ft",
+               "flexible_gate32_band_ft", "hard"), True),
+    # Transformer Base dims, random weights, the test sources, 20 generated tokens each
+    Benchmark("speed_base", "decoding speed at Transformer Base dims (random weights)",
+              "--arch soft=transformer_soft --arch hard=transformer_hard_dec "
+              "--arch cross_self=transformer_cross_self --arch fairseq_cross_self=transformer "
+              "--override fairseq_cross_self={'cross_self_attention':True,'no_cross_attention':True} "
+              "--arch hard_cross_self=transformer_hard_cross_self --arch aan=transformer_aan "
+              "--arch aan_no_ffn=transformer_aan --override aan_no_ffn={'aan_ffn_dim':0} "
+              "--arch local=transformer_local --arch flexible=transformer_flexible "
+              "--override flexible={'flexible_mean_source_length':14.4} "
+              "--baseline soft --beam 4 --batch-size 64 --max-sentences 128 --fixed-output-len 20 "
+              "--reps 3 --threads 1 --sublayer-times", data=True),
+    # Base dims with long sources: where skipping source positions matters
+    Benchmark("speed_base_long_sources",
+              "Base dims, 100-token sources: where skipping source positions pays",
+              f"{_BASE_WINDOWED} --override flexible={{'flexible_mean_source_length':100.0}} "
+              "--arch flexible_gate128=transformer_flexible "
+              "--override flexible_gate128={'flexible_mean_source_length':100.0,'flexible_gate_dim':128} "
+              "--arch hard=transformer_hard_dec --vocab 10000 --src-len 100 --num-sentences 64 "
+              "--batch-size 32 --fixed-output-len 20 --baseline soft --beam 4 --reps 5 --threads 1 "
+              "--sublayer-times"),
+    # the per-step cost of soft cross-attention grows with the source, the bands' does not
+    Benchmark("speed_base_200_token_sources", "Base dims, 200-token sources, 40 output tokens",
+              f"{_BASE_WINDOWED} --override flexible={{'flexible_mean_source_length':200.0}} "
+              "--arch hard=transformer_hard_dec --vocab 10000 --src-len 200 --num-sentences 32 "
+              "--batch-size 32 --fixed-output-len 40 --baseline soft --beam 4 --reps 3 --threads 1 "
+              "--sublayer-times"),
+    # outputs as long as translations of such sources: the per-step cost outweighs caching
+    Benchmark("speed_base_200_token_sources_160_outputs",
+              "Base dims, 200-token sources, 160 output tokens",
+              f"{_BASE_WINDOWED} --override flexible={{'flexible_mean_source_length':200.0}} "
+              "--vocab 10000 --src-len 200 --num-sentences 32 --batch-size 32 "
+              "--fixed-output-len 160 --baseline soft --beam 4 --reps 3 --threads 1 --sublayer-times"),
+    Benchmark("speed_base_400_token_sources", "Base dims, 400-token sources, 100 output tokens",
+              f"{_BASE_WINDOWED} --override flexible={{'flexible_mean_source_length':400.0}} "
+              "--vocab 10000 --src-len 400 --num-sentences 16 --batch-size 16 "
+              "--fixed-output-len 100 --baseline soft --beam 4 --reps 3 --threads 1 --sublayer-times"),
+    # self-attention's cost grows with the target prefix, the average attention network's not
+    Benchmark("speed_base_long_outputs",
+              "Base dims, 60 output tokens: where a constant-cost decoder step pays",
+              "--arch soft=transformer_soft --arch aan=transformer_aan --arch aan_no_ffn=transformer_aan "
+              "--override aan_no_ffn={'aan_ffn_dim':0} --arch cross_self=transformer_cross_self "
+              "--arch hard=transformer_hard_dec --baseline soft --beam 4 --batch-size 64 "
+              "--max-sentences 64 --fixed-output-len 60 --reps 3 --threads 1 --sublayer-times",
+              data=True),
+)
+
+# what each other output of scripts/results.sh shows (results/README.md's file list)
+OUTPUTS = {
+    **{b.name: b.what for b in BENCHMARKS},
+    "attention_step_costs": "one decoding step of cross-attention alone, per mechanism, Base dims "
+                            "(flexible_small_gate: a d/4 gate network)",
+    "attention_step_costs_small": "the same at the small preset's dims (d = 128, 4 heads)",
+    "op_costs_cpu": "per-operation costs of one decoding step (the hard-attention paper's Table 2)",
+    "memory": "peak memory of training and decoding",
+    "speed_vs_length": "decoding speed against source length",
+    "bleu_vs_cps": "flexible attention: BLEU against score computations per step over τ",
+    "bleu_vs_cps_gate32": "the same for flexible_gate32_band_ft (a d/4 gate network) at τ = 0.75 to 1.25",
+    "attention_soft": "cross-attention heatmaps, soft baseline",
+    "attention_hard": "chosen source positions of hard retrieval attention",
+    "attention_flexible_ft": "cross-attention of flexible attention after fine-tuning",
+    "flexible_gate": "flexible attention's gate g_t over the decoding steps of one sentence",
+}
+
+
+def decodes_by_name():
+    return {decode.name: decode for decode in DECODES}
+
+
+def benchmark_models(benchmark, work_dir):
+    """--model NAME=CHECKPOINT (and --override NAME=DICT) for each model of
+    ``benchmark`` whose run is trained in ``work_dir``."""
+    decodes = decodes_by_name()
+    args = []
+    for name in benchmark.models:
+        decode = decodes.get(name)
+        run = decode.run if decode else name
+        checkpoint = Path(work_dir) / "runs" / run / "checkpoint_avg.pt"
+        if not checkpoint.is_file():
+            continue
+        args += ["--model", f"{name}={checkpoint}"]
+        if decode and decode.overrides:
+            args += ["--override", f"{name}={decode.overrides!r}"]
+    return args
+
+
+def main(argv):
+    command = argv[0] if argv else ""
+    if command == "runs":
+        lines = [f"{r.name}\t{r.arch}\t{r.flags}" for r in RUNS]
+    elif command == "finetunes":
+        lines = [f"{f.name}\t{f.start}\t{f.arch}\t{f.flags}" for f in FINETUNES]
+    elif command == "decodes":
+        lines = [f"{d.name}\t{d.run}\t{d.model_overrides()!r}" for d in DECODES]
+    elif command == "benchmarks":
+        lines = [b.name for b in BENCHMARKS]
+    elif command == "benchmark" and len(argv) == 3:
+        # one argument per line: the benchmark's models, its data, its settings
+        benchmark = next((b for b in BENCHMARKS if b.name == argv[1]), None)
+        if benchmark is None:
+            sys.exit(f"experiments.py: no benchmark {argv[1]!r}")
+        lines = benchmark_models(benchmark, argv[2]) + shlex.split(benchmark.args)
+        if benchmark.data:
+            lines += ["--data", str(Path(argv[2]) / "data-bin")]
+    else:
+        sys.exit(__doc__.split("\n\n")[1])
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
