@@ -60,7 +60,7 @@ def test_cross_self_decoding_never_copies_the_source_part(beamable, monkeypatch)
     torch.manual_seed(0)
     d = make_dictionary()
     model = build_model("transformer_cross_self", d).eval()
-    ungrouped = lambda *args: [torch.tensor(1)]  # noqa: E731
+    ungrouped = lambda *args: [sentence_groups.count_tensor(1)]  # noqa: E731
     if not beamable:
         monkeypatch.setattr(sentence_groups, "reordered_count", ungrouped)
     attn = model.decoder.layers[0].self_attn

@@ -124,7 +124,7 @@ def test_encoder_states_kept_once_per_sentence_decode_as_once_per_hypothesis(arc
     per_sentence = _hypotheses(generator, src, src_lengths)
     if "lstm" not in arch:  # fairseq's LSTM keeps its own encoder states
         assert 4 in counts
-    monkeypatch.setattr(sentence_groups, "reordered_count", lambda *args: [torch.tensor(1)])
+    monkeypatch.setattr(sentence_groups, "reordered_count", lambda *args: [sentence_groups.count_tensor(1)])
     counts.clear()
     assert _hypotheses(generator, src, src_lengths) == per_sentence
     assert set(counts) <= {1}

@@ -45,6 +45,7 @@ from ..errors import ClearCheckpointErrors, ConfigError, check_joined_dictionary
 from ..fairseq_compat import mark_plugin_args
 from ..modules import ATTENTION_KINDS, HardRetrievalAttention, sentence_groups
 from ..modules.hard_retrieval_attention import TRAIN_RETRIEVALS
+from . import decoding_engine
 
 logger = logging.getLogger(__name__)
 
@@ -193,9 +194,29 @@ class AttentionKindEncoder(TransformerEncoderBase):
 
 class AttentionKindDecoder(TransformerDecoderBase):
     layer_class = AttentionKindDecoderLayer
+    # how incremental decoding runs (decoding_engine.ENGINES; --decoding-engine)
+    decoding_engine = "dynamic"
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
         return wrap_layer(self.layer_class(cfg, no_encoder_attn), cfg)
+
+    def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None,
+                features_only=False, **kwargs):
+        if (incremental_state is not None and self.decoding_engine != "dynamic"
+                and not self.training and not features_only and not kwargs.get("alignment_layer")):
+            return decoding_engine.step(self, prev_output_tokens, encoder_out, incremental_state,
+                                        self.decoding_engine)
+        return super().forward(prev_output_tokens, encoder_out, incremental_state,
+                               features_only=features_only, **kwargs)
+
+    def reorder_incremental_state_scripting(self, incremental_state, new_order):
+        super().reorder_incremental_state_scripting(incremental_state, new_order)
+        decoding_engine.reordered(incremental_state, new_order)
+
+    def encoder_states_per_layer(self, encoder_out):
+        """The encoder states each layer attends to (families override)."""
+        states = encoder_out["encoder_out"][0] if encoder_out and encoder_out["encoder_out"] else None
+        return [states] * len(self.layers)
 
     def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None,
                          **kwargs):
@@ -243,6 +264,11 @@ class AttentionKindTransformerModel(ClearCheckpointErrors, TransformerModel):
                             help="how hard retrieval attention picks its key in training: "
                                  "sampled from the attention distribution (the paper) or its "
                                  "argmax, as at inference (straight-through argmax)")
+        parser.add_argument("--decoding-engine", choices=decoding_engine.ENGINES,
+                            help="how incremental decoding runs: 'dynamic' (fairseq's way, the "
+                                 "default), 'static' (preallocated caches written in place), "
+                                 "'graph' (static, the step replayed as a CUDA graph); see "
+                                 "models/decoding_engine.py")
         parser.add_argument("--hard-anneal-updates", type=int, metavar="N",
                             help="soft-to-hard curriculum: over the first N updates a rising "
                                  "share (updates/N) of training queries retrieves hard, the "
@@ -251,6 +277,9 @@ class AttentionKindTransformerModel(ClearCheckpointErrors, TransformerModel):
     @classmethod
     def validate_args(cls, args):
         """Raise ``ConfigError`` for options no model of this family can build."""
+        if args.decoding_engine not in decoding_engine.ENGINES:
+            raise ConfigError(f"--decoding-engine must be one of {decoding_engine.ENGINES}, "
+                              f"got {args.decoding_engine!r}")
         if args.hard_anneal_updates < 0:
             raise ConfigError(f"--hard-anneal-updates must be >= 0, got {args.hard_anneal_updates}")
         for option, reason in cls.replaced_sublayers.items():
@@ -268,6 +297,7 @@ class AttentionKindTransformerModel(ClearCheckpointErrors, TransformerModel):
         warn_if_preset_overruled(args)
         model = super().build_model(args, task)
         model.data_dir = data_dir(task)
+        model.decoder.decoding_engine = args.decoding_engine
         return model
 
     @classmethod
@@ -300,7 +330,8 @@ def hard_in(args, *sublayers):
 def base_architecture(args):
     """Transformer Base dims; every kind soft unless an option says otherwise."""
     set_defaults(args, **{option: "soft" for option in ATTENTION_KIND_OPTIONS})
-    set_defaults(args, hard_train_retrieval="sample", hard_anneal_updates=0)
+    set_defaults(args, hard_train_retrieval="sample", hard_anneal_updates=0,
+                 decoding_engine="dynamic")
     fairseq_base_architecture(args)
 
 

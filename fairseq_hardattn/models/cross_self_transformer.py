@@ -81,16 +81,19 @@ class CrossSelfDecoder(AttentionKindDecoder):
 class LayerwiseCrossSelfDecoder(AttentionKindDecoder):
     layer_class = LayerwiseCrossSelfDecoderLayer
 
-    def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None,
-                         **kwargs):
+    def encoder_states_per_layer(self, encoder_out):
         states = encoder_out["encoder_states"] if encoder_out is not None else []
         if encoder_out is not None and len(states) != len(self.layers) + 1:
             raise RuntimeError(
                 f"layer-wise cross+self needs the encoder's per-layer states "
                 f"({len(self.layers) + 1}), got {len(states)}"
             )
+        return states[1:] if states else [None] * len(self.layers)  # states[0]: embeddings
+
+    def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None,
+                         **kwargs):
         try:
-            for layer, state in zip(self.layers, states[1:]):  # states[0]: embeddings
+            for layer, state in zip(self.layers, self.encoder_states_per_layer(encoder_out)):
                 layer.source_states = state
             return super().extract_features(
                 prev_output_tokens, encoder_out, incremental_state, **kwargs

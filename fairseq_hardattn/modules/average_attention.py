@@ -19,6 +19,8 @@ from fairseq.incremental_decoding_utils import with_incremental_state
 from fairseq.modules import FairseqDropout
 from torch import Tensor, nn
 
+from . import static_decoding
+
 
 @with_incremental_state
 class AverageAttention(nn.Module):
@@ -71,12 +73,21 @@ class AverageAttention(nn.Module):
             counts = torch.arange(1, x.size(0) + 1, device=x.device, dtype=x32.dtype).view(-1, 1, 1)
         if incremental_state is not None:
             state = self._get_input_buffer(incremental_state)
-            if "sum" in state:
-                sums = sums + state["sum"].unsqueeze(0)
-                counts = counts + state["steps"].unsqueeze(0)
-            self._set_input_buffer(incremental_state, {
-                "sum": sums[-1], "steps": counts[-1].expand(x.size(1), 1).contiguous(),
-            })
+            step_counts = counts[-1].expand(x.size(1), 1)
+            if static_decoding.state(incremental_state) is not None:
+                # the engine: one running sum, updated in place
+                if "sum" in state:
+                    state["sum"].add_(sums[-1])
+                    state["steps"].add_(step_counts)
+                else:
+                    state = {"sum": sums[-1].clone(), "steps": step_counts.clone()}
+                sums, counts = state["sum"].unsqueeze(0), state["steps"].unsqueeze(0)
+            else:
+                if "sum" in state:
+                    sums = sums + state["sum"].unsqueeze(0)
+                    counts = counts + state["steps"].unsqueeze(0)
+                state = {"sum": sums[-1], "steps": counts[-1].expand(x.size(1), 1).contiguous()}
+            self._set_input_buffer(incremental_state, state)
         average = (sums / counts.clamp(min=1)).type_as(x)
         if self.ffn is not None:
             average = self.ffn(average)
@@ -86,9 +97,12 @@ class AverageAttention(nn.Module):
     def reorder_incremental_state(self, incremental_state, new_order: Tensor):
         state = self._get_input_buffer(incremental_state)
         if state:
-            self._set_input_buffer(incremental_state, {
-                name: tensor.index_select(0, new_order) for name, tensor in state.items()
-            })
+            if static_decoding.state(incremental_state) is not None:
+                for tensor in state.values():
+                    static_decoding.reorder_in_place(tensor, new_order)
+            else:
+                state = {name: tensor.index_select(0, new_order) for name, tensor in state.items()}
+            self._set_input_buffer(incremental_state, state)
         return incremental_state
 
     def _get_input_buffer(self, incremental_state) -> Dict[str, Optional[Tensor]]:

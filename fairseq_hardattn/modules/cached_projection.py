@@ -17,7 +17,7 @@ import torch
 from fairseq.modules import MultiheadAttention
 from torch import Tensor
 
-from . import sentence_groups
+from . import sentence_groups, static_decoding
 
 IncrementalState = Optional[Dict[str, Dict[str, Optional[Tensor]]]]
 
@@ -152,7 +152,12 @@ class CachedProjectionAttention(MultiheadAttention):
             k = k.contiguous().view(-1, kv_bsz * heads, head_dim).transpose(0, 1)
             v = v.contiguous().view(-1, kv_bsz * heads, head_dim).transpose(0, 1)
 
-        if saved_state is not None:
+        static = static_decoding.state(incremental_state)
+        if static is not None and not static_kv:
+            # the engine's preallocated cache, written in place at static.position
+            k, v, key_padding_mask = self._write_step(saved_state, static, k, v, key_padding_mask)
+            self._set_input_buffer(incremental_state, saved_state)
+        elif saved_state is not None:
             # cached as (kv_bsz, heads, seq_len, head_dim)
             if "prev_key" in saved_state:
                 prev_key = saved_state["prev_key"]
@@ -197,6 +202,37 @@ class CachedProjectionAttention(MultiheadAttention):
                     )
         return Projected(q, k, v, key_padding_mask, kv_bsz, tgt_len, bsz)
 
+    def _write_step(self, saved_state, static, k, v, step_padding):
+        """Write this step's K/V (and padding) at ``static.position`` of the
+        preallocated cache; returns the whole cache (positions not written yet
+        are masked) as (rows*heads, capacity, head_dim) and its padding."""
+        rows, heads, head_dim = k.size(0) // self.num_heads, self.num_heads, self.head_dim
+        if "prev_key" not in saved_state:
+            shape = (rows, heads, static.capacity, head_dim)
+            saved_state["prev_key"], saved_state["prev_value"] = k.new_zeros(shape), v.new_zeros(shape)
+            saved_state["prev_key_padding_mask"] = torch.ones(
+                rows, static.capacity, dtype=torch.bool, device=k.device)
+        key, value = saved_state["prev_key"], saved_state["prev_value"]
+        padding = saved_state["prev_key_padding_mask"]
+        key.index_copy_(2, static.position, k.reshape(rows, heads, 1, head_dim))
+        value.index_copy_(2, static.position, v.reshape(rows, heads, 1, head_dim))
+        if step_padding is None:
+            step_padding = torch.zeros(rows, 1, dtype=torch.bool, device=k.device)
+        padding.index_copy_(1, static.position, step_padding.to(torch.bool))
+        return (key.view(rows * heads, -1, head_dim), value.view(rows * heads, -1, head_dim),
+                padding)
+
+    def grow_static_cache(self, incremental_state, capacity: int):
+        """Extend the engine's self-attention cache to ``capacity`` positions."""
+        buffer = self._get_input_buffer(incremental_state)
+        if self.encoder_decoder_attention or "prev_key" not in buffer:
+            return
+        for name in ("prev_key", "prev_value"):
+            buffer[name] = static_decoding.grown(buffer[name], 2, capacity, 0)
+        buffer["prev_key_padding_mask"] = static_decoding.grown(
+            buffer["prev_key_padding_mask"], 1, capacity, True)
+        self._set_input_buffer(incremental_state, buffer)
+
     def set_beam_size(self, beam_size):
         """Ignored: the hypotheses per sentence come from each decoding call
         (``sentence_groups``), never from state left by an earlier one."""
@@ -207,16 +243,25 @@ class CachedProjectionAttention(MultiheadAttention):
         buffer = self._get_input_buffer(incremental_state)
         if not buffer:
             return incremental_state
+        static = static_decoding.state(incremental_state)
         order = new_order
         if self.encoder_decoder_attention:
             count = sentence_groups.hypotheses_per_sentence(incremental_state)
-            rows = next(t for t in buffer.values() if t is not None).size(0)
-            if rows * count == new_order.numel():
+            rows = static.active if static else next(
+                t for t in buffer.values() if t is not None).size(0) * count
+            if rows == new_order.numel():
                 return incremental_state
             order = sentence_groups.sentence_order(new_order, count)
         for name, tensor in buffer.items():
-            if tensor is not None:
+            if tensor is None:
+                continue
+            if static is None:
                 buffer[name] = tensor.index_select(0, order)
+            elif tensor.dim() == 4 and not self.encoder_decoder_attention:
+                # K/V: the positions written, this step's included
+                static_decoding.reorder_in_place(tensor, order, static.filled + 1)
+            else:
+                static_decoding.reorder_in_place(tensor, order)
         self._set_input_buffer(incremental_state, buffer)
         return incremental_state
 

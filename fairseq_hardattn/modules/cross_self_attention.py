@@ -32,7 +32,7 @@ from torch import Tensor
 from .cached_projection import CachedProjectionAttention, IncrementalState, one_copy_per_sentence
 from .gather import retrieve
 from .hard_retrieval_attention import HardRetrievalAttention
-from . import sentence_groups
+from . import sentence_groups, static_decoding
 
 _SOURCE_STATE = "cross_self_source"
 
@@ -117,7 +117,7 @@ class CrossSelfAttention(CachedProjectionAttention):
             "key": self.k_proj(source).view(shape).permute(1, 2, 0, 3).contiguous(),
             "value": self.v_proj(source).view(shape).permute(1, 2, 0, 3).contiguous(),
         }
-        if padding is not None and padding.any():
+        if padding is not None:  # kept even when all False: asking would wait for the device
             state["padding_mask"] = padding.to(torch.bool)
         return state
 
@@ -136,10 +136,15 @@ class CrossSelfAttention(CachedProjectionAttention):
         super().reorder_incremental_state(incremental_state, new_order)
         source = self._source_state(incremental_state)
         count = sentence_groups.hypotheses_per_sentence(incremental_state)
-        if source and source["key"].size(0) * count != new_order.size(0):
+        static = static_decoding.state(incremental_state)
+        rows = static.active if static else (source["key"].size(0) * count if source else 0)
+        if source and rows != new_order.size(0):
             order = sentence_groups.sentence_order(new_order, count)
             for name, tensor in source.items():
-                source[name] = tensor.index_select(0, order)
+                if static is not None:
+                    static_decoding.reorder_in_place(tensor, order)
+                else:
+                    source[name] = tensor.index_select(0, order)
             self.set_incremental_state(incremental_state, _SOURCE_STATE, source)
         return incremental_state
 

@@ -6,17 +6,16 @@ scores are penalised by g_t (s - p_{t-1})² / (2σ²), with the strength
 g_t = sigmoid(v_gᵀ tanh(W_g h_t + b_g)) computed, per head, from the decoder
 state that queries the attention. The penalty is computed in float32.
 
-Test time, threshold τ: scores are computed only for the band of positions
-whose penalty is below τ, |s - p_{t-1}| < σ·sqrt(2τ/g_t) (plus the position
-nearest p_{t-1}, so that no query is left without keys). Only the bands
-are scored, never a mask over the full score matrix: on CPU in float32 by a
-C kernel that reads each band where it lies in the K/V cache
-(``kernels/flexible_band.c``, one call per step); elsewhere with PyTorch
-ops, gathering windows of keys as wide as the step's bands need
-(``gather_ranges``: one window per sentence and head, shared by its
-hypotheses) and summing the bands' values where they lie in the cache
-(``weighted_window_values``). The band positions are counted (CPS, score
-computations per decoding step).
+Test time, threshold τ: attention covers only the band of positions whose
+penalty is below τ, |s - p_{t-1}| < σ·sqrt(2τ/g_t) (plus the position
+nearest p_{t-1}, so that no query is left without keys). On CPU in float32 a
+C kernel scores only the bands, each where it lies in the K/V cache
+(``kernels/flexible_band.c``, one call per step). Elsewhere the step runs as
+PyTorch ops of static shape: every position is scored and those outside the
+band are masked, so that no step waits for the device to size a window
+(a band's width depends on the data; its only static bound is the source).
+Either way the band positions are counted (CPS, score computations per
+decoding step).
 
 Training is parallel over target positions, so p_{t-1} cannot come from the
 previous step's penalised attention. We use a fixed-point refinement: centres
@@ -38,7 +37,6 @@ fine-tunes without it; with it, fine-tuning adapts the model to the
 positions decoding will skip.
 """
 
-from functools import partial
 from typing import Optional
 
 import torch
@@ -46,11 +44,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import kernels
+from . import static_decoding
 from .cached_projection import CachedProjectionAttention
 from .cps import CpsCounter
 from .gate_networks import fast_tanh, gate_size
-from .windows import (band_half_width, band_limits, band_threshold, first_key_positions,
-                      gather_ranges, in_band, unpadded_lengths, weighted_window_values)
+from .windows import (band_half_width, band_limits, band_threshold, first_key_positions, in_band,
+                      unpadded_lengths)
 
 _CENTRE_STATE = "flexible_centre"
 
@@ -65,7 +64,7 @@ class FlexibleAttention(CachedProjectionAttention):
     """
 
     new_parameter_prefixes = ("gate_",)
-    batch_major_static_cache = True  # windows are contiguous blocks
+    batch_major_static_cache = True  # the C kernel reads each band as a contiguous block
     use_kernel = True  # False: PyTorch ops only (benchmarks and tests compare both)
 
     def __init__(self, embed_dim, num_heads, *args, sigma: float = 3.0,
@@ -135,9 +134,12 @@ class FlexibleAttention(CachedProjectionAttention):
                 visible = (~scores.isneginf()).sum(-1)
                 self.cps.add(visible, visible)
                 result = self._attend(probs, v, kv_bsz, bsz, need_weights, need_head_weights)
-            self.set_incremental_state(incremental_state, _CENTRE_STATE, {
-                "centre": centres[:, -1].detach().view(bsz, self.num_heads)
-            })
+            centre = centres[:, -1].detach().view(bsz, self.num_heads)
+            if "centre" in state and static_decoding.state(incremental_state) is not None:
+                state["centre"].copy_(centre)  # the engine: the same tensor every step
+            else:
+                state["centre"] = centre
+            self.set_incremental_state(incremental_state, _CENTRE_STATE, state)
             return result
 
         scores = self.scores(p, attn_mask)
@@ -200,9 +202,8 @@ class FlexibleAttention(CachedProjectionAttention):
     def _banded_step(self, q, k, v, key_padding_mask, kv_bsz, bsz, previous, gates, threshold):
         """Score only the bands (q unscaled, one target position). On CPU in
         float32: the C kernel, scoring each band in place in the cache
-        (``kernels.flexible_band_step``). Elsewhere: gathered windows of keys
-        (``gather_ranges``), values summed where they lie
-        (``weighted_window_values``)."""
+        (``kernels.flexible_band_step``). Elsewhere: all positions scored, the
+        band masked (static shapes, no host synchronisation)."""
         src_len = k.size(1)
         centre = previous[:, 0].float()
         gate = gates[:, 0].float()
@@ -212,37 +213,42 @@ class FlexibleAttention(CachedProjectionAttention):
                 self.scaling, self.sigma, threshold)
             out = out.unsqueeze(1)
         else:
-            low, high = band_limits(centre, band_half_width(gate, self.sigma, threshold), src_len)
-            plan = gather_ranges(self, k, key_padding_mask, low, high, kv_bsz, bsz)
-            out, centres, scored = plan.apply(partial(self._band_attention, v=v),
-                                              q * self.scaling, centre, gate, low, high)
+            out, centres, scored = self._masked_band_step(q, k, v, key_padding_mask, kv_bsz, bsz,
+                                                          centre, gate, threshold)
         if self.cps.enabled:
             available = unpadded_lengths(key_padding_mask, kv_bsz, src_len, q.device)
             self.cps.add(scored, available.repeat_interleave(bsz // kv_bsz * self.num_heads))
         return out, centres.unsqueeze(1)
 
-    def _band_attention(self, windows, q, centre, gate, low, high, v):
-        """Penalised attention of query rows q over their windows, masked to
-        their bands [low, high] (``band_limits``: exactly the positions whose
-        penalty is below τ): output, new centres and the band sizes (CPS)."""
-        positions = windows.positions
+    def _masked_band_step(self, q, k, v, key_padding_mask, kv_bsz, bsz, centre, gate,
+                          threshold):
+        """Penalised attention of one step over every position, masked to each
+        row's band [low, high] (``band_limits``: exactly the positions whose
+        penalty is below τ): output (rows, 1, head_dim), new centres and the
+        band sizes (CPS)."""
+        src_len = k.size(1)
+        low, high = band_limits(centre, band_half_width(gate, self.sigma, threshold), src_len)
+        positions = torch.arange(src_len, device=q.device)
         band = in_band(positions, low, high)
-        if windows.padded is not None:
-            band &= ~windows.padded
-        scores = self.attention_scores(q, windows.keys, windows.window_bsz)[:, 0].float()
+        if key_padding_mask is not None:
+            rows = self.value_rows(bsz, kv_bsz, q.device) // self.num_heads
+            band &= ~key_padding_mask.index_select(0, rows)
+        scores = self.attention_scores(q * self.scaling, k, kv_bsz)[:, 0].float()
         distance = positions - centre.unsqueeze(1)
         # scores - g (s - p)² / (2σ²), in float32
         logits = torch.addcmul(scores, distance.square(), gate.unsqueeze(1),
                                value=-0.5 / self.sigma ** 2)
         probs = F.softmax(logits.masked_fill_(~band, float("-inf")), dim=-1)
-        out = weighted_window_values(probs, windows, v)  # decoding: no dropout
+        out = self.weighted_values(probs.unsqueeze(1).type_as(v), v, kv_bsz)  # no dropout
         return out, (probs * positions).sum(-1), band.sum(-1)
 
     def reorder_incremental_state(self, incremental_state, new_order: Tensor):
         super().reorder_incremental_state(incremental_state, new_order)
         state = self.get_incremental_state(incremental_state, _CENTRE_STATE)
         if state:
-            self.set_incremental_state(incremental_state, _CENTRE_STATE, {
-                "centre": state["centre"].index_select(0, new_order)
-            })
+            if static_decoding.state(incremental_state) is not None:
+                static_decoding.reorder_in_place(state["centre"], new_order)
+            else:
+                state["centre"] = state["centre"].index_select(0, new_order)
+            self.set_incremental_state(incremental_state, _CENTRE_STATE, state)
         return incremental_state

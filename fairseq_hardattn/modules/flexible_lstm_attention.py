@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from .cps import CpsCounter
 from .gate_networks import fast_tanh, gate_size
-from .windows import (band_half_width, band_threshold, band_windows, first_key_positions,
+from .windows import (band_half_width, band_limits, band_threshold, first_key_positions, in_band,
                       unpadded_lengths)
 
 
@@ -71,19 +71,16 @@ class FlexibleLSTMAttention(nn.Module):
             self.centre = first_key_positions(padding, bsz, input.device)
         available = unpadded_lengths(padding, bsz, src_len, input.device)
         threshold = None if self.training else self.threshold
+        positions = torch.arange(src_len, device=input.device)
+        band = None if padding is None else ~padding
         if threshold is None:
-            positions = torch.arange(src_len, device=input.device).expand(bsz, -1)
-            keys = source_hids.transpose(0, 1)  # (bsz, srclen, dim)
-            band = None if padding is None else ~padding
             self.cps.add(available, available)
-        else:
+        else:  # every position scored, those outside the band masked: static shapes
             half = band_half_width(gate, self.sigma, threshold)
-            positions, band = band_windows(self.centre.float(), half, src_len)
-            if padding is not None:
-                band &= ~padding.gather(1, positions)
-            table = source_hids.reshape(-1, source_hids.size(-1))  # time-major rows
-            keys = F.embedding(positions * bsz + torch.arange(bsz, device=input.device)[:, None], table)
+            in_bands = in_band(positions, *band_limits(self.centre.float(), half, src_len))
+            band = in_bands if band is None else band & in_bands
             self.cps.add(band.sum(-1), available)
+        keys = source_hids.transpose(0, 1)  # (bsz, srclen, dim)
         scores = (keys * query.unsqueeze(1)).sum(-1).float()
         penalty = gate.float().unsqueeze(1) * (positions - self.centre.float().unsqueeze(1)).pow(2)
         logits = scores - penalty / (2 * self.sigma ** 2)
@@ -93,6 +90,4 @@ class FlexibleLSTMAttention(nn.Module):
         self.centre = (probs.detach() * positions).sum(-1)
         context = (probs.type_as(keys).unsqueeze(-1) * keys).sum(1)
         out = torch.tanh(self.output_proj(torch.cat((context, input), dim=1)))
-        dense = probs if threshold is None else probs.new_zeros(bsz, src_len).scatter_add_(
-            1, positions, probs)
-        return out, dense.t().type_as(out)
+        return out, probs.t().type_as(out)

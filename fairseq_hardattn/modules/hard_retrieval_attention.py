@@ -77,9 +77,10 @@ def sample_key_indices(weights: Tensor) -> Tensor:
 def queries_without_keys(
     attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor]
 ) -> Optional[Tensor]:
-    """Bool (bsz or 1, tgt_len or 1): queries whose every key is masked, or
-    None when there are none (the usual case). Computed from the masks, which
-    are heads times smaller than the scores."""
+    """Bool (bsz or 1, tgt_len or 1): queries whose every key is masked (None
+    without masks). Computed from the masks, which are heads times smaller
+    than the scores; never asked whether any row is empty, which would wait
+    for the device (a host sync on every step)."""
     if attn_mask is None and key_padding_mask is None:
         return None
     if attn_mask is not None:
@@ -90,7 +91,7 @@ def queries_without_keys(
         has_key = (~key_padding_mask).any(-1, keepdim=True)
     else:
         has_key = ((~key_padding_mask).float() @ visible.t().float()) > 0
-    return None if bool(has_key.all()) else ~has_key
+    return ~has_key
 
 
 # how training picks the retrieved key: drawn from P (the paper), or P's

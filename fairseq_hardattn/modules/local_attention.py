@@ -8,13 +8,12 @@ softmax weights inside it are multiplied by exp(-(s - p_t)² / (2σ²)), σ = D/
 (outside the softmax, as in Luong et al.; they do not sum to 1).
 
 Training scores everything and masks the rest (the gradient reaches p_t
-through the Gaussian); decoding gathers the keys of the 2D+2 candidate
-positions around p_t (``gather_ranges``: one window per sentence and head,
-shared by its hypotheses), scores only those and sums their values where they
-lie in the cache (``weighted_window_values``).
+through the Gaussian); decoding gathers, per hypothesis and head, the keys of
+the 2D+2 candidate positions around p_t (a window of static width, so no step
+waits for the device to size it), scores only those and sums their values
+where they lie in the cache (``windows``).
 """
 
-from functools import partial
 from typing import Optional
 
 import torch
@@ -24,7 +23,7 @@ from torch import Tensor, nn
 from .cached_projection import CachedProjectionAttention
 from .cps import CpsCounter
 from .gate_networks import fast_tanh
-from .windows import first_key_positions, gather_ranges, unpadded_lengths, weighted_window_values
+from .windows import first_key_positions, gather_windows, unpadded_lengths, weighted_window_values
 
 
 class LocalAttention(CachedProjectionAttention):
@@ -85,28 +84,25 @@ class LocalAttention(CachedProjectionAttention):
         return self.merge_heads(out, tgt_len, bsz), weights
 
     def _window_step(self, q, k, v, key_padding_mask, kv_bsz, bsz, centres, lengths):
-        """Score only the windows: gathered keys (``gather_ranges``), values
+        """Gaussian-weighted attention of one step over |s - p| <= D: keys
+        gathered from windows of 2D+2 positions (``gather_windows``), values
         summed where they lie (``weighted_window_values``)."""
         src_len = k.size(1)
         centre = centres[:, -1]
+        width = min(2 * self.window + 2, src_len)
         # |s - p| <= D lies in [floor(p) - D, floor(p) + D + 1]
-        low = (torch.floor(centre) - self.window).clamp(min=0)
-        high = (torch.floor(centre) + self.window + 1).clamp(max=src_len - 1)
-        plan = gather_ranges(self, k, key_padding_mask, low, high, kv_bsz, bsz)
-        out, scored = plan.apply(partial(self._window_attention, v=v), q, centre)
-        if self.cps.enabled:
-            self.cps.add(scored, lengths.repeat_interleave(bsz // kv_bsz * self.num_heads))
-        return out
-
-    def _window_attention(self, windows, q, centre, v):
-        """Gaussian-weighted attention of query rows q over |s - p| <= D within
-        their windows: output and the positions scored (CPS)."""
-        distance = windows.positions - centre.unsqueeze(1)
+        start = (torch.floor(centre) - self.window).clamp(min=0, max=src_len - width).long()
+        kv_rows = self.value_rows(bsz, kv_bsz, q.device)
+        positions = start.unsqueeze(1) + torch.arange(width, device=q.device)
+        distance = positions - centre.unsqueeze(1)
         inside = distance.abs() <= self.window
-        if windows.padded is not None:
-            inside &= ~windows.padded
-        scores = self.attention_scores(q, windows.keys, windows.window_bsz).squeeze(1)
+        if key_padding_mask is not None:
+            inside &= ~key_padding_mask.index_select(0, kv_rows // self.num_heads).gather(1, positions)
+        keys = gather_windows(k, kv_rows, start, width)
+        scores = torch.bmm(q, keys.transpose(1, 2)).squeeze(1)
         logits = scores.float().masked_fill(~inside, float("-inf"))
         probs = F.softmax(logits, dim=-1) * torch.exp(-distance.pow(2) / (2 * self.sigma ** 2))
-        out = weighted_window_values(probs, windows, v)  # decoding: no dropout
-        return out, inside.sum(-1)
+        out = weighted_window_values(probs, positions + (kv_rows * src_len).unsqueeze(1), v)
+        if self.cps.enabled:
+            self.cps.add(inside.sum(-1), lengths.repeat_interleave(bsz // kv_bsz * self.num_heads))
+        return out  # decoding: no dropout

@@ -7,9 +7,9 @@ learns k from ``model.set_beam_size``, which its generator calls only for
 k > 1 and nobody resets: a later beam-1 call, a teacher-forced forward or a
 validation batch then reads other sentences' encoder states. Here k comes
 from what the generator does to the encoder output of *this* call: it
-expands it once, with ``new_order = [0]*k + [1]*k + ...`` (checked, once per
-call), and later reorders keep each sentence's k hypotheses together (as
-fairseq's beamable attention assumes too). The encoder records k in its
+expands it once, with ``new_order = [0]*k + [1]*k + ...`` (asserted on the
+device, without a host sync), and later reorders keep each sentence's k
+hypotheses together (as fairseq's beamable attention assumes too). The encoder records k in its
 output, the decoder copies it into the incremental state of the call, and
 attention modules read it there, when they cache encoder K/V and when they
 reorder that cache. Without an incremental state (training, validation,
@@ -26,8 +26,14 @@ _KEY = "hypotheses_per_sentence"
 _STATE = "fairseq_hardattn.sentence_groups"
 
 
+def count_tensor(count: int) -> Tensor:
+    """The count as the shape of an empty tensor: both dicts hold tensors,
+    and reading a shape, unlike a value, never waits for a device."""
+    return torch.empty(0, count)
+
+
 def _count(value: Optional[List[Tensor]]) -> int:
-    return int(value[0]) if value else 1
+    return value[0].size(1) if value else 1
 
 
 def reordered_count(encoder_out: Dict[str, List[Tensor]], new_order: Tensor) -> List[Tensor]:
@@ -40,9 +46,12 @@ def reordered_count(encoder_out: Dict[str, List[Tensor]], new_order: Tensor) -> 
     if new_rows > rows and new_rows % rows == 0:
         factor = new_rows // rows
         expected = torch.arange(rows, device=new_order.device).repeat_interleave(factor)
-        # one check per call (a host sync on GPUs), outside the decoding steps
-        count = count * factor if torch.equal(new_order, expected) else 1
-    return [torch.tensor(count)]
+        # checked without waiting for the device: another expansion fails loudly
+        torch._assert_async((new_order == expected).all(),
+                            "fairseq-hardattn: an encoder output expanded other than sentence "
+                            "by sentence (new_order = [0]*k + [1]*k + ...)")
+        count *= factor
+    return [count_tensor(count)]
 
 
 def record_count(encoder_out: Dict[str, List[Tensor]], reordered: Dict[str, List[Tensor]],
@@ -61,7 +70,7 @@ def start_step(incremental_state, encoder_out: Optional[Dict[str, List[Tensor]]]
 
 
 def set_hypotheses_per_sentence(incremental_state, count: int):
-    incremental_state[_STATE] = {_KEY: torch.tensor(count)}
+    incremental_state[_STATE] = {_KEY: count_tensor(count)}
 
 
 def hypotheses_per_sentence(incremental_state) -> int:
@@ -70,7 +79,7 @@ def hypotheses_per_sentence(incremental_state) -> int:
     if incremental_state is None:
         return 1
     entry = incremental_state.get(_STATE)
-    return int(entry[_KEY]) if entry else 1
+    return entry[_KEY].size(1) if entry else 1
 
 
 def sentence_order(new_order: Tensor, count: int) -> Tensor:

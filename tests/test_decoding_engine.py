@@ -1,0 +1,125 @@
+"""The decoding engine (models/decoding_engine.py): the static-shape path
+gives the hypotheses of the dynamic one for every Transformer architecture
+(finished sentences leaving the batch, caches growing past their first
+capacity); its step is capturable (torch.compile with fullgraph, on the
+CPU); on a GPU the CUDA-graph replay gives the eager hypotheses."""
+
+import pytest
+import torch
+from fairseq.sequence_generator import SequenceGenerator
+
+import fairseq_hardattn
+from fairseq_hardattn.models import decoding_engine
+from fairseq_hardattn.modules import static_decoding
+
+from conftest import build_model, make_dictionary, random_batch
+
+TRANSFORMER_ARCHS = [a for a in fairseq_hardattn.registered_architectures() if "lstm" not in a]
+
+
+def hypotheses(model, d, src, lengths, engine, **generator_args):
+    model.decoder.decoding_engine = engine
+    generator = SequenceGenerator([model], d, **generator_args)
+    with torch.no_grad():
+        found = generator.generate(None, {"net_input": {"src_tokens": src, "src_lengths": lengths}})
+    return [[(h["tokens"].tolist(), round(float(h["score"]), 3)) for h in hyps] for hyps in found]
+
+
+def decisive_model(arch, d):
+    """Random weights, with an output layer 20x sharper: hypotheses whose
+    scores differ by more than float32 rounding (a static cache sums softmax
+    rows in another order than a growing one, ~1e-7 apart)."""
+    torch.manual_seed(0)
+    model = build_model(arch, d).eval()
+    with torch.no_grad():
+        model.decoder.output_projection.weight.mul_(20)
+    return model
+
+
+@pytest.mark.parametrize("arch", TRANSFORMER_ARCHS)
+def test_static_engine_gives_the_dynamic_hypotheses(arch):
+    d = make_dictionary()
+    model = decisive_model(arch, d)
+    src, lengths, _ = random_batch(d, [9, 7, 6, 4, 3], seed=2)
+    # natural endings: sentences finish at different steps and leave the batch
+    finishing = dict(beam_size=4, max_len_b=10)
+    assert (hypotheses(model, d, src, lengths, "static", **finishing)
+            == hypotheses(model, d, src, lengths, "dynamic", **finishing))
+    # 24 steps: the caches outgrow their first capacity (16) once
+    long = dict(beam_size=3, min_len=24, max_len_a=0, max_len_b=24)
+    assert (hypotheses(model, d, src, lengths, "static", **long)
+            == hypotheses(model, d, src, lengths, "dynamic", **long))
+
+
+def test_the_static_state_keeps_its_tensors_across_steps():
+    """What a replayed graph needs: the same cache tensors at every step
+    (written in place), a fixed number of rows after sentences finish."""
+    torch.manual_seed(0)
+    d = make_dictionary()
+    model = build_model("transformer_hard_dec", d).eval()
+    model.decoder.decoding_engine = "static"
+    src, lengths, _ = random_batch(d, [6, 4], seed=1)
+    encoder_out = model.encoder.reorder_encoder_out(model.encoder(src, src_lengths=lengths),
+                                                    torch.tensor([0, 0, 1, 1]))
+    state, tokens = {}, torch.full((4, 1), d.eos())
+    seen = []
+    with torch.no_grad():
+        for step in range(3):
+            logits, _ = model.decoder(tokens, encoder_out, incremental_state=state)
+            buffer = model.decoder.layers[0].self_attn._get_input_buffer(state)
+            seen.append(buffer["prev_key"].data_ptr())
+            tokens = torch.cat([tokens, logits.argmax(-1)], dim=1)
+            model.decoder.reorder_incremental_state_scripting(state, torch.tensor([1, 0, 3, 2]))
+    assert len(set(seen)) == 1
+    static = static_decoding.state(state)
+    assert (static.rows, static.capacity, static.filled) == (4, decoding_engine.INITIAL_CAPACITY, 2)
+    # a sentence finishes: two rows in use, still four computed
+    model.decoder.reorder_incremental_state_scripting(state, torch.tensor([2, 3]))
+    with torch.no_grad():
+        logits, _ = model.decoder(tokens[2:], encoder_out, incremental_state=state)
+    assert logits.shape[0] == 2 and static.active == 2 and static.rows == 4
+
+
+@pytest.mark.parametrize("arch", ["transformer_soft", "transformer_hard_dec",
+                                  "transformer_hard_cross_self", "transformer_aan",
+                                  "transformer_flexible", "transformer_local"])
+def test_the_engine_step_compiles_as_one_graph(arch):
+    """torch.compile(fullgraph=True) of the layers of a step: no graph break,
+    no host sync, the eager result (a CUDA graph needs the same)."""
+    torch.manual_seed(0)
+    d = make_dictionary()
+    model = build_model(arch, d).eval()
+    model.decoder.decoding_engine = "static"
+    src, lengths, _ = random_batch(d, [6, 4], seed=1)
+    encoder_out = model.encoder.reorder_encoder_out(model.encoder(src, src_lengths=lengths),
+                                                    torch.tensor([0, 0, 1, 1]))
+    compiled = torch.compile(decoding_engine.layers_step, backend="aot_eager", fullgraph=True)
+    eager_state, compiled_state = {}, {}
+    tokens = torch.full((4, 1), d.eos())
+    with torch.no_grad():
+        for step in range(3):
+            outputs = []
+            for state, run in ((eager_state, decoding_engine.layers_step), (compiled_state, compiled)):
+                if step == 0:  # the first step caches the encoder states (eagerly)
+                    out, _ = model.decoder(tokens, encoder_out, incremental_state=state)
+                else:
+                    static_decoding.set_step(static_decoding.state(state), step)
+                    x = decoding_engine.embed_last_token(model.decoder, tokens, state)
+                    out = run(model.decoder, x, model.decoder.encoder_states_per_layer(encoder_out),
+                              encoder_out["encoder_padding_mask"][0], state,
+                              tokens[:, -1:].eq(d.pad()))
+                outputs.append(out)
+            torch.testing.assert_close(outputs[1], outputs[0])
+            tokens = torch.cat([tokens, outputs[0].argmax(-1)], dim=1)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("arch", TRANSFORMER_ARCHS)
+def test_captured_graph_gives_the_eager_hypotheses_on_a_gpu(arch):
+    d = make_dictionary()
+    model = decisive_model(arch, d).float().cuda()
+    src, lengths, _ = random_batch(d, [9, 7, 6, 4, 3], seed=2)
+    src, lengths = src.cuda(), lengths.cuda()
+    generator_args = dict(beam_size=4, min_len=20, max_len_a=0, max_len_b=20)
+    assert (hypotheses(model, d, src, lengths, "graph", **generator_args)
+            == hypotheses(model, d, src, lengths, "dynamic", **generator_args))
