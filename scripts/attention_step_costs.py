@@ -29,12 +29,16 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 from fairseq.modules import MultiheadAttention  # noqa: E402
 
-from fairseq_hardattn.tools.reporting import write_outputs  # noqa: E402
+from fairseq_hardattn import ConfigError  # noqa: E402
 from fairseq_hardattn.modules import (  # noqa: E402
     FlexibleAttention,
     HardRetrievalAttention,
     LocalAttention,
+    sentence_groups,
 )
+from fairseq_hardattn.tools.fixtures import DTYPES, check_device  # noqa: E402
+from fairseq_hardattn.tools.reporting import write_outputs  # noqa: E402
+from fairseq_hardattn.tools.timing import synchronize  # noqa: E402
 
 # flexible_torch_ops: flexible attention without its C kernel (as on GPU);
 # flexible_small_gate: with a --small-gate-dim gate network (--flexible-gate-dim)
@@ -55,8 +59,8 @@ def build(mechanism, args, threshold):
         module = FlexibleAttention(args.embed_dim, args.heads, sigma=args.sigma,
                                    threshold=threshold, gate_dim=gate_dim, **kwargs)
         module.use_kernel = mechanism != "flexible_torch_ops"
-    module.set_beam_size(args.beam)  # fairseq's generator does this for the model
-    return module.eval()
+    module.set_beam_size(args.beam)  # fairseq's own attention takes the beam so
+    return module.to(device=args.device, dtype=DTYPES[args.dtype]).eval()
 
 
 def decoding_inputs(args, src_len, seed):
@@ -69,29 +73,36 @@ def decoding_inputs(args, src_len, seed):
         + args.spread * torch.randn(1, hyps, args.embed_dim, generator=g)
         for _ in range(args.steps)
     ]
-    return encoder, queries
+    dtype = DTYPES[args.dtype]
+    return (encoder.to(args.device, dtype),
+            [query.to(args.device, dtype) for query in queries])
 
 
-def decode(module, encoder, queries):
+def decode(module, encoder, queries, beam):
     """Seconds of the first step (encoder K/V projected) and of the others."""
     state = {}
+    # ours read the hypotheses per sentence from the decoding call, as the decoder sets it
+    sentence_groups.set_hypotheses_per_sentence(state, beam)
     with torch.no_grad():
+        synchronize()
         start = time.perf_counter()
         module(queries[0], encoder, encoder, incremental_state=state, static_kv=True)
+        synchronize()
         first = time.perf_counter()
         for query in queries[1:]:
             module(query, None, None, incremental_state=state, static_kv=True)
+        synchronize()
         end = time.perf_counter()
     return first - start, end - first
 
 
-def score_computations(module, encoder, queries):
+def score_computations(module, encoder, queries, beam):
     """CPS of one decoding pass and the global CPS (all source positions)."""
     if not hasattr(module, "cps"):
         return None
     module.cps.enabled = True
     module.cps.reset()
-    decode(module, encoder, queries)
+    decode(module, encoder, queries, beam)
     summary = module.cps.summary()
     module.cps.enabled = False
     return summary
@@ -114,18 +125,18 @@ def run(args, src_len):
         modules["flexible_small_gate"].load_state_dict(shared, strict=False)
     encoder, queries = decoding_inputs(args, src_len, args.seed)
     for module in modules.values():  # warm-up
-        decode(module, encoder, queries)
+        decode(module, encoder, queries, args.beam)
     first = {m: [] for m in modules}
     steps = {m: [] for m in modules}
     for _ in range(args.reps):
         for name, module in modules.items():
-            a, b = decode(module, encoder, queries)
+            a, b = decode(module, encoder, queries, args.beam)
             first[name].append(a)
             steps[name].append(b)
     base = median(steps[args.mechanisms[0]])
     rows = []
     for name, module in modules.items():
-        cps = score_computations(module, encoder, queries)
+        cps = score_computations(module, encoder, queries, args.beam)
         rows.append({
             "mechanism": name, "src_len": src_len,
             "step_us": median(steps[name]) / (len(queries) - 1) * 1e6,
@@ -138,7 +149,7 @@ def run(args, src_len):
         from torch.profiler import profile
         for name in args.profile:
             with profile() as prof:
-                decode(modules[name], encoder, queries)
+                decode(modules[name], encoder, queries, args.beam)
             print(f"\n{name}, {src_len} source tokens: one decoding pass of {len(queries)} steps")
             print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20))
     return rows, threshold
@@ -164,6 +175,8 @@ def main(argv=None):
     p.add_argument("--window", type=int, default=10, help="local attention's D")
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--device", default="cpu", help="cpu or cuda (timed with CUDA synchronisation)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--profile", nargs="*", choices=MECHANISMS, default=[])
     p.add_argument("--json")
@@ -181,11 +194,15 @@ def main(argv=None):
         p.error(f"--small-gate-dim must be >= 1, got {args.small_gate_dim}")
     if not args.sigma > 0:
         p.error(f"--sigma must be > 0, got {args.sigma}")
+    try:
+        check_device(args.device)
+    except ConfigError as error:
+        p.error(str(error))
     torch.set_num_threads(args.threads)
     results = []
     lines = [f"Decoder cross-attention, one decoding step: {args.batch} sentences x beam "
-             f"{args.beam}, d={args.embed_dim}, {args.heads} heads, random weights, "
-             f"{args.threads} thread(s), median of {args.reps}; ratio vs {args.mechanisms[0]}\n",
+             f"{args.beam}, d={args.embed_dim}, {args.heads} heads, random weights, {args.device} "
+             f"{args.dtype}, {args.threads} thread(s), median of {args.reps}; ratio vs {args.mechanisms[0]}\n",
              "| source tokens | mechanism | us/step | ratio | CPS (of global) | "
              "first step (caches K/V), us |", "|---|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)

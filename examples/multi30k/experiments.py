@@ -6,11 +6,10 @@ the results tables. ``scripts/results.sh`` and ``examples/multi30k/run.sh``
 read it through this command line; ``scripts/results_table.py`` imports it.
 
 Usage: experiments.py runs | finetunes | decodes      (tab-separated lines)
-       experiments.py benchmarks                       (their names)
+       experiments.py benchmarks | gpu-benchmarks      (their names)
        experiments.py benchmark NAME WORK_DIR          (its arguments, one per line)
 """
 
-import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -103,6 +102,9 @@ FINETUNES = (
 
 _FLEXIBLE = ("flexible", "flexible_ft", "flexible_band_ft", "flexible_gate32", "flexible_gate32_band_ft")
 DECODES = (
+    # what users have today: the soft checkpoint decoded by fairseq's own Transformer
+    Decode("fairseq", "soft", {"_name": "transformer"},
+           "the soft checkpoint decoded by fairseq's own transformer (the peer)"),
     Decode("soft_decoded_hard", "soft", HARD_KINDS, "trained soft, decoded with hard retrieval (Table 4)"),
     Decode("hard_decoded_soft", "hard", SOFT_KINDS, "trained hard, decoded soft (Table 4)"),
     # fairseq's own cross+self decodes the cross_self checkpoint (identical training)
@@ -142,7 +144,7 @@ CPS_ROWS = (  # the flexible-attention paper's Table 1: (result name, what)
 @dataclass(frozen=True)
 class Benchmark:
     """``scripts/benchmark_decoding.py`` (its ``--json``/``--markdown`` go to
-    results/NAME.*) with ``args``, on ``models`` (trained runs, or decodes: a
+    results/NAME.*) with ``args`` (split at spaces: no argument holds one), on ``models`` (trained runs, or decodes: a
     run with overrides; each one only if trained) and the binarized data when
     ``data``."""
     name: str
@@ -152,11 +154,11 @@ class Benchmark:
     data: bool = False
 
 
-_TRAINED = tuple(run.name for run in RUNS) + ("flexible_ft", "flexible_band_ft",
-                                               "flexible_gate32_band_ft", "fairseq_cross_self")
+_TRAINED = ("fairseq",) + tuple(run.name for run in RUNS) + (
+    "flexible_ft", "flexible_band_ft", "flexible_gate32_band_ft", "fairseq_cross_self")
 _SMALL_TEST = "--beam 4 --batch-size 64 --max-sentences 384 --fixed-output-len 20 --reps 5 --threads 1"
-_BASE_WINDOWED = ("--arch soft=transformer_soft --arch local=transformer_local "
-                  "--arch flexible=transformer_flexible")
+_BASE_WINDOWED = ("--arch soft=transformer_soft --arch fairseq=transformer "
+                  "--arch local=transformer_local --arch flexible=transformer_flexible")
 BENCHMARKS = (
     # the trained checkpoints, the test set, 20 output tokens for every model:
     # the cost of the mechanisms, not of how long each model's translations are
@@ -166,18 +168,18 @@ BENCHMARKS = (
               "the flexible family at the small preset, Multi30k test, the trained checkpoints "
               "(the band-trained ones also at τ = 0.75)",
               f"--baseline soft {_SMALL_TEST} --sublayer-times",
-              ("soft", "soft_ft", "local", "flexible", "flexible_ft", "flexible_band_ft",
+              ("soft", "fairseq", "soft_ft", "local", "flexible", "flexible_ft", "flexible_band_ft",
                "flexible_gate32", "flexible_gate32_band_ft", "flexible_band_ft_tau075",
                "flexible_gate32_band_ft_tau075"), True),
     # trained gates and centres on 100-token sources: where skipping can pay
     Benchmark("speed_small_long_sources", "small preset, the trained checkpoints, 100-token sources",
               "--baseline soft --src-len 100 --num-sentences 128 --batch-size 64 "
               "--fixed-output-len 20 --beam 4 --reps 5 --threads 1 --sublayer-times",
-              ("soft", "local", "flexible", "flexible_ft", "flexible_band_ft",
+              ("soft", "fairseq", "local", "flexible", "flexible_ft", "flexible_band_ft",
                "flexible_gate32_band_ft", "hard"), True),
     # Transformer Base dims, random weights, the test sources, 20 generated tokens each
     Benchmark("speed_base", "decoding speed at Transformer Base dims (random weights)",
-              "--arch soft=transformer_soft --arch hard=transformer_hard_dec "
+              "--arch soft=transformer_soft --arch fairseq=transformer --arch hard=transformer_hard_dec "
               "--arch cross_self=transformer_cross_self --arch fairseq_cross_self=transformer "
               "--override fairseq_cross_self={'cross_self_attention':True,'no_cross_attention':True} "
               "--arch hard_cross_self=transformer_hard_cross_self --arch aan=transformer_aan "
@@ -214,16 +216,50 @@ BENCHMARKS = (
     # self-attention's cost grows with the target prefix, the average attention network's not
     Benchmark("speed_base_long_outputs",
               "Base dims, 60 output tokens: where a constant-cost decoder step pays",
-              "--arch soft=transformer_soft --arch aan=transformer_aan --arch aan_no_ffn=transformer_aan "
+              "--arch soft=transformer_soft --arch fairseq=transformer --arch aan=transformer_aan "
+              "--arch aan_no_ffn=transformer_aan "
               "--override aan_no_ffn={'aan_ffn_dim':0} --arch cross_self=transformer_cross_self "
               "--arch hard=transformer_hard_dec --baseline soft --beam 4 --batch-size 64 "
               "--max-sentences 64 --fixed-output-len 60 --reps 3 --threads 1 --sublayer-times",
               data=True),
 )
 
+
+
+def _gpu_models(src_len):
+    """fairseq's own transformer and ours at Base dims; ours with the
+    engine's captured step, soft and hard also as fairseq decodes them."""
+    graph = "'decoding_engine':'graph'"
+    ours = {"soft": ("transformer_soft", ""), "hard": ("transformer_hard_dec", ""),
+            "cross_self": ("transformer_cross_self", ""),
+            "hard_cross_self": ("transformer_hard_cross_self", ""),
+            "aan": ("transformer_aan", ""), "aan_no_ffn": ("transformer_aan", ",'aan_ffn_dim':0"),
+            "local": ("transformer_local", ""),
+            "flexible": ("transformer_flexible", f",'flexible_mean_source_length':{src_len}.0")}
+    args = ["--arch fairseq=transformer", "--arch fairseq_cross_self=transformer",
+            "--override fairseq_cross_self={'cross_self_attention':True,'no_cross_attention':True}"]
+    for name, (arch, extra) in ours.items():
+        args += [f"--arch {name}={arch}", f"--override {name}={{{graph}{extra}}}"]
+    for name in ("soft", "hard"):  # the same models, decoded step by step as fairseq does
+        args += [f"--arch {name}_dynamic={ours[name][0]}"]
+    return " ".join(args)
+
+
+# the GPU matrix (scripts/gpu_results.sh): Base dims, random weights, beam 4,
+# every sentence decoded to exactly its source length, ratios to fairseq's transformer
+GPU_BENCHMARKS = tuple(
+    Benchmark(f"speed_gpu_{src_len}tok_batch{batch}_{dtype}",
+              f"GPU, Base dims, {src_len}-token sources and outputs, batch {batch}, {dtype}",
+              f"{_gpu_models(src_len)} --device cuda --dtype {dtype} --vocab 10000 "
+              f"--src-len {src_len} --num-sentences {2 * batch} --batch-size {batch} "
+              f"--fixed-output-len {src_len} --beam 4 --reps 5 --baseline fairseq")
+    for src_len in (30, 100, 200) for batch in (64, 128, 256) for dtype in ("fp32", "fp16"))
+
 # what each other output of scripts/results.sh shows (results/README.md's file list)
 OUTPUTS = {
-    **{b.name: b.what for b in BENCHMARKS},
+    **{b.name: b.what for b in BENCHMARKS + GPU_BENCHMARKS},
+    "op_counts": "operations and host syncs of one beam search per architecture, beside "
+                 "fairseq's transformer (what a GPU pays per step)",
     "attention_step_costs": "one decoding step of cross-attention alone, per mechanism, Base dims "
                             "(flexible_small_gate: a d/4 gate network)",
     "attention_step_costs_small": "the same at the small preset's dims (d = 128, 4 heads)",
@@ -270,12 +306,14 @@ def main(argv):
         lines = [f"{d.name}\t{d.run}\t{d.model_overrides()!r}" for d in DECODES]
     elif command == "benchmarks":
         lines = [b.name for b in BENCHMARKS]
+    elif command == "gpu-benchmarks":
+        lines = [b.name for b in GPU_BENCHMARKS]
     elif command == "benchmark" and len(argv) == 3:
         # one argument per line: the benchmark's models, its data, its settings
-        benchmark = next((b for b in BENCHMARKS if b.name == argv[1]), None)
+        benchmark = next((b for b in BENCHMARKS + GPU_BENCHMARKS if b.name == argv[1]), None)
         if benchmark is None:
             sys.exit(f"experiments.py: no benchmark {argv[1]!r}")
-        lines = benchmark_models(benchmark, argv[2]) + shlex.split(benchmark.args)
+        lines = benchmark_models(benchmark, argv[2]) + benchmark.args.split()
         if benchmark.data:
             lines += ["--data", str(Path(argv[2]) / "data-bin")]
     else:

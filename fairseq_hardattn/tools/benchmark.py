@@ -19,9 +19,10 @@ import sys
 import torch
 
 from ..errors import ConfigError
-from .fixtures import (DictionaryTask, load_models, parse_model_specs, random_batches,
-                       setup_translation_task, synthetic_dictionary, test_batches,
-                       training_batches)
+from ..models.decoding_engine import ENGINES
+from .fixtures import (DTYPES, DictionaryTask, check_device, load_models, parse_model_specs,
+                       random_batches, set_decoding_engine, setup_translation_task,
+                       synthetic_dictionary, test_batches, to_device, training_batches)
 from .reporting import markdown_table, report, write_outputs
 from .timing import benchmark_decoding, benchmark_training, profile_sublayers
 
@@ -50,6 +51,10 @@ def build_parser():
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--device", default="cpu", help="cpu or cuda (timed with CUDA synchronisation)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
+    p.add_argument("--decoding-engine", choices=ENGINES,
+                   help="decoding engine of the plugin's models (default: each model's own)")
     p.add_argument("--train-batches", type=int, default=0,
                    help="also time forward+backward on this many training batches")
     p.add_argument("--train-max-tokens", type=int, default=4096)
@@ -67,6 +72,7 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     log = lambda msg: print(f"[benchmark] {msg}", file=sys.stderr, flush=True)
     try:
+        check_device(args.device)
         specs = parse_model_specs(args.model, args.arch, args.override)
         if args.data:
             task = setup_translation_task(args.data)
@@ -82,9 +88,12 @@ def main(argv=None):
             batches = random_batches(dictionary, args.num_sentences, args.src_len, args.batch_size)
         else:
             batches = test_batches(task, args.subset, args.batch_size, args.max_sentences)
+        batches = [to_device(batch, args.device) for batch in batches]
         log(f"{len(specs)} models, {sum(b['nsentences'] for b in batches)} sentences, "
-            f"beam {args.beam}, batch {args.batch_size}, {args.threads} thread(s)")
-        models = load_models(specs, task)
+            f"beam {args.beam}, batch {args.batch_size}, {args.device} {args.dtype}, "
+            f"{args.threads} thread(s)")
+        models = load_models(specs, task, device=args.device, dtype=args.dtype)
+        set_decoding_engine(models, args.decoding_engine)
     except (ConfigError, FileNotFoundError) as err:
         print(f"benchmark: error: {err}", file=sys.stderr)
         return 2
@@ -95,7 +104,8 @@ def main(argv=None):
         log(f"training throughput on {args.train_batches} batches")
         train_models = {n: copy.deepcopy(m) for n, m in models.items()}
         train_timings = benchmark_training(
-            train_models, training_batches(task, args.train_batches, args.train_max_tokens, dictionary),
+            train_models, [to_device(batch, args.device) for batch in training_batches(
+                task, args.train_batches, args.train_max_tokens, dictionary)],
             args.reps, args.warmup, log)
     log("decoding")
     decode_timings = benchmark_decoding(models, dictionary, batches, args.beam, args.reps,
@@ -106,6 +116,8 @@ def main(argv=None):
         shares = profile_sublayers(models, dictionary, batches, args.beam, args.fixed_output_len)
     settings = {k: v for k, v in vars(args).items() if k not in ("json", "markdown")}
     settings["torch"] = torch.__version__
+    settings["device_name"] = (torch.cuda.get_device_name() if args.device.startswith("cuda")
+                               else "CPU")
     settings["sentences"] = sum(b["nsentences"] for b in batches)
     result = report(decode_timings, train_timings, baseline, params, settings, shares)
     write_outputs(result, markdown_table(result), args.json, args.markdown)

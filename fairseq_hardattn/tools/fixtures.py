@@ -54,8 +54,35 @@ def setup_translation_task(data_dir: str):
     return tasks.setup_task(args)
 
 
-def load_models(specs: List[ModelSpec], task, arch_overrides=None):
-    """name -> model in float32 on CPU, built from a checkpoint or an arch."""
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def check_device(device: str):
+    """A one-line error where the device is not there."""
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"--device {device}: torch finds no CUDA GPU on this machine "
+                          "(the GPU benchmarks need one; use --device cpu)")
+
+
+def to_device(sample, device: str):
+    """A batch (nested dicts of tensors) on ``device``."""
+    if isinstance(sample, dict):
+        return {key: to_device(value, device) for key, value in sample.items()}
+    return sample.to(device) if torch.is_tensor(sample) else sample
+
+
+def set_decoding_engine(models: Dict[str, "torch.nn.Module"], engine: Optional[str]):
+    """``--decoding-engine`` for every model of this plugin (fairseq's own
+    models have none: they decode as fairseq does)."""
+    if engine is None:
+        return
+    for model in models.values():
+        if hasattr(model.decoder, "decoding_engine"):
+            model.decoder.decoding_engine = engine
+
+
+def load_models(specs: List[ModelSpec], task, arch_overrides=None, device="cpu", dtype="fp32"):
+    """name -> model on ``device`` in ``dtype``, built from a checkpoint or an arch."""
     models = {}
     for spec in specs:
         torch.manual_seed(0)
@@ -74,7 +101,7 @@ def load_models(specs: List[ModelSpec], task, arch_overrides=None):
                 setattr(args, key, value)
             ARCH_CONFIG_REGISTRY[spec.arch](args)
             model = ARCH_MODEL_REGISTRY[spec.arch].build_model(args, task)
-        models[spec.name] = model.float()
+        models[spec.name] = model.to(device=device, dtype=DTYPES[dtype])
     return models
 
 

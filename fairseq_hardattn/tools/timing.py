@@ -67,6 +67,12 @@ def train_pass(model, batches):
     return tokens
 
 
+def synchronize():
+    """Wait for the GPU (when there is one): a timing ends when its work does."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def interleaved(run_fns: Dict[str, callable], reps: int, warmup: int, progress=None):
     """name -> list of seconds; each repetition runs every function once, rotated."""
     names = list(run_fns)
@@ -78,8 +84,10 @@ def interleaved(run_fns: Dict[str, callable], reps: int, warmup: int, progress=N
     for rep in range(reps):
         order = names[rep % len(names):] + names[: rep % len(names)]
         for name in order:
+            synchronize()
             start = time.perf_counter()
             results[name] = run_fns[name]()
+            synchronize()
             seconds[name].append(time.perf_counter() - start)
         if progress:
             progress(f"repetition {rep + 1}/{reps}: " + ", ".join(
