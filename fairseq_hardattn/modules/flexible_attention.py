@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import kernels
+from ..kernels import gpu_ops
 from . import static_decoding
 from .cached_projection import CachedProjectionAttention
 from .cps import CpsCounter
@@ -200,14 +201,20 @@ class FlexibleAttention(CachedProjectionAttention):
         return self.merge_heads(out, probs.size(1), bsz), weights
 
     def _banded_step(self, q, k, v, key_padding_mask, kv_bsz, bsz, previous, gates, threshold):
-        """Score only the bands (q unscaled, one target position). On CPU in
+        """Score only the bands (q unscaled, one target position). On GPU: the
+        Triton kernel (``kernels.gpu_ops.flexible_band_step``); on CPU in
         float32: the C kernel, scoring each band in place in the cache
         (``kernels.flexible_band_step``). Elsewhere: all positions scored, the
         band masked (static shapes, no host synchronisation)."""
         src_len = k.size(1)
         centre = previous[:, 0].float()
         gate = gates[:, 0].float()
-        if self.use_kernel and kernels.can_run_flexible_band(q, k, v):
+        if self.use_kernel and gpu_ops.available(q):  # the band kernel (Triton), on GPU
+            out, centres, scored = gpu_ops.flexible_band_step(
+                q[:, 0], k, v, self.value_rows(bsz, kv_bsz, q.device), key_padding_mask,
+                self.num_heads, centre, gate, self.scaling, self.sigma, threshold)
+            out = out.unsqueeze(1)
+        elif self.use_kernel and kernels.can_run_flexible_band(q, k, v):
             out, centres, scored = kernels.flexible_band_step(
                 q[:, 0], k, v, key_padding_mask, centre, gate, bsz // kv_bsz, self.num_heads,
                 self.scaling, self.sigma, threshold)

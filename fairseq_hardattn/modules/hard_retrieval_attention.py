@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..kernels import gpu_ops
 from .cached_projection import CachedProjectionAttention
 from .gather import retrieve, table_positions, value_table
 
@@ -145,6 +146,12 @@ class HardRetrievalAttention(CachedProjectionAttention):
 
     def attend(self, query, p, incremental_state, attn_mask, need_weights, need_head_weights):
         q, k, v, key_padding_mask, kv_bsz, tgt_len, bsz = p
+        if (incremental_state is not None and not self.training and tgt_len == 1
+                and attn_mask is None and gpu_ops.available(q)):
+            # one fused kernel: scores, argmax and the one value row, per query row
+            out = gpu_ops.hard_retrieval_step(q[:, 0], k, v, self.value_rows(bsz, kv_bsz, q.device),
+                                              key_padding_mask, self.num_heads)
+            return self.merge_heads(out.unsqueeze(1), tgt_len, bsz), None
         scores = self.scores(p, attn_mask, scaled=self.training)  # argmax needs no scale
         empty = queries_without_keys(attn_mask, key_padding_mask)
         if empty is not None and empty.size(0) > 1:
