@@ -119,6 +119,28 @@ def bleu_table(work):
             "|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
 
 
+def parity_table(work):
+    """Hard retrieval against soft attention trained the same way (issue 18):
+    validation BLEU (where recipes are chosen) and test2016 (reported)."""
+    runs = {r.name: r for r in EXPERIMENTS.RUNS + EXPERIMENTS.PARITY_RUNS}
+    rows = []
+    for hard, soft in EXPERIMENTS.PARITY_PAIRS:
+        scores = {name: (load(Path(work) / "results" / f"{name}.valid.json"),
+                         load(Path(work) / "results" / f"{name}.json")) for name in (hard, soft)}
+        if not all(scores[hard]) or not all(scores[soft]):
+            continue
+        (hard_valid, hard_test), (soft_valid, soft_test) = scores[hard], scores[soft]
+        rows.append(f"| `{hard}` | {runs[hard].what} | `{soft}` | "
+                    f"{hard_valid['bleu_tok_lc']:.2f} / {soft_valid['bleu_tok_lc']:.2f} | "
+                    f"{hard_valid['bleu_tok_lc'] - soft_valid['bleu_tok_lc']:+.2f} | "
+                    f"{hard_test['bleu_tok_lc']:.2f} / {soft_test['bleu_tok_lc']:.2f} | "
+                    f"{hard_test['bleu_tok_lc'] - soft_test['bleu_tok_lc']:+.2f} |")
+    if not rows:
+        return ""
+    return ("| hard run | recipe | soft counterpart | valid BLEU hard / soft | gap | "
+            "test2016 hard / soft | gap |\n|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
+
+
 def reference_table(reference):
     table = bleu_table(reference)
     return (f"\n### Other budget\n\nThe same recipe with another budget ({budget_note(reference)}):"
@@ -198,6 +220,12 @@ def main(argv=None):
              f"4 heads), {budget_note(work)}. {speed_note(small_benchmark, base_benchmark)} "
              + (f"sacreBLEU signature: `{signature}`." if signature else "")
              + "\n" + cps_table(work) + (reference_table(args.reference) if args.reference else ""))
+    parity = parity_table(work)
+    if parity:
+        (results / "hard_parity.md").write_text(
+            "# Hard retrieval attention toward parity with soft attention\n\n"
+            f"Multi30k en-de, small preset, {budget_note(work)}; tokenized lowercased BLEU.\n\n"
+            + parity)
     (results / "README.md").write_text("# Results\n\n" + markdown + "\n" + notes + "\n"
                                        + files_section(results))
     (results / "results.json").write_text(json.dumps(records, indent=2))

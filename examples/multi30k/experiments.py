@@ -117,6 +117,25 @@ DECODES = (
     Decode("local_cps", "local", cps=True),
 )
 
+PRE_NORM = "--encoder-normalize-before --decoder-normalize-before"
+# the ablation toward hard/soft parity (issue 18): trained with the same
+# budget as every run; hard and soft variants side by side
+PARITY_RUNS = (
+    Run("soft_pre", "transformer_soft_small", PRE_NORM, "soft, pre-norm"),
+    Run("hard_pre", "transformer_hard_dec_small", PRE_NORM, "hard, pre-norm"),
+    Run("hard_pre_argmax", "transformer_hard_dec_small", PRE_NORM + " --hard-train-retrieval argmax",
+        "hard, pre-norm, straight-through argmax (training retrieves what decoding does)"),
+    Run("hard_pre_anneal", "transformer_hard_dec_small", PRE_NORM + " --hard-anneal-updates 1500",
+        "hard, pre-norm, soft-to-hard curriculum over the first 1500 updates (~half)"),
+    Run("hard_pre_h8", "transformer_hard_dec_small", PRE_NORM + " --decoder-attention-heads 8",
+        "hard, pre-norm, 8 decoder heads (of 16 dims)"),
+    Run("soft_pre_h8", "transformer_soft_small", PRE_NORM + " --decoder-attention-heads 8",
+        "soft, pre-norm, 8 decoder heads"),
+)
+# (hard run, its soft counterpart: the same recipe) for the gap column
+PARITY_PAIRS = (("hard", "soft"), ("hard_pre", "soft_pre"), ("hard_pre_argmax", "soft_pre"),
+                ("hard_pre_anneal", "soft_pre"), ("hard_pre_h8", "soft_pre_h8"))
+
 # rows of the main table after the runs: fine-tunings and Table-4 switches, in this order
 TABLE_EXTRA_ROWS = ("soft_decoded_hard", "hard_decoded_soft", "fairseq_cross_self", "flexible_ft",
                     "flexible_band_ft", "flexible_gate32_band_ft", "soft_ft")
@@ -258,6 +277,8 @@ GPU_BENCHMARKS = tuple(
 # what each other output of scripts/results.sh shows (results/README.md's file list)
 OUTPUTS = {
     **{b.name: b.what for b in BENCHMARKS + GPU_BENCHMARKS},
+    "hard_parity": "hard retrieval attention against soft attention trained the same way: "
+                   "the ablation toward parity",
     "op_counts": "operations and host syncs of one beam search per architecture, beside "
                  "fairseq's transformer (what a GPU pays per step)",
     "attention_step_costs": "one decoding step of cross-attention alone, per mechanism, Base dims "
@@ -299,7 +320,7 @@ def benchmark_models(benchmark, work_dir):
 def main(argv):
     command = argv[0] if argv else ""
     if command == "runs":
-        lines = [f"{r.name}\t{r.arch}\t{r.flags}" for r in RUNS]
+        lines = [f"{r.name}\t{r.arch}\t{r.flags}" for r in RUNS + PARITY_RUNS]
     elif command == "finetunes":
         lines = [f"{f.name}\t{f.start}\t{f.arch}\t{f.flags}" for f in FINETUNES]
     elif command == "decodes":
