@@ -47,12 +47,17 @@ for line in "${RUNS[@]}"; do
   while [ "$(jobs -rp | wc -l)" -ge "$PARALLEL" ]; do wait -n; done
 done
 wait
-# one more epoch at a fixed lr of 1e-3, no warmup (Adam moves the gates ~lr per step)
-while IFS=$'\t' read -r name start arch flags; do
+# fine-tunings: a trained run continued at a peak lr of 1e-3 (fixed, or
+# inverse-sqrt after a warmup), e.g. one epoch with the gate loss, or a
+# soft checkpoint converted to hard retrieval
+while IFS=$'\t' read -r name start arch epochs average warmup flags; do
   if selected "$name" && trained "$start"; then
+    schedule=(LR_SCHEDULER=fixed)
+    [ "$warmup" -gt 0 ] && schedule=(LR_SCHEDULER=inverse_sqrt WARMUP="$warmup")
     # shellcheck disable=SC2086
-    EPOCHS=1 AVERAGE_LAST=1 LR_SCHEDULER=fixed bash "$M30K/train.sh" "$WORK_DIR" "$name" "$arch" \
-      --finetune-from-model "$WORK_DIR/runs/$start/checkpoint_avg.pt" --lr 0.001 $flags
+    env EPOCHS="$epochs" AVERAGE_LAST="$average" "${schedule[@]}" bash "$M30K/train.sh" \
+      "$WORK_DIR" "$name" "$arch" --finetune-from-model "$WORK_DIR/runs/$start/checkpoint_avg.pt" \
+      --lr 0.001 $flags
   fi
 done < <("${EXPERIMENTS[@]}" finetunes)
 

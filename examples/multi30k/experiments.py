@@ -31,14 +31,19 @@ class Run:
 
 @dataclass(frozen=True)
 class FineTune:
-    """Continues ``start``'s averaged checkpoint: one more epoch at a fixed lr
-    of 1e-3 (``--finetune-from-model`` builds from these options: repeat the
-    start's own, e.g. a gate size)."""
+    """Continues ``start``'s averaged checkpoint (``--finetune-from-model``,
+    which builds from these options: repeat the start's own, e.g. a gate size)
+    for ``epochs`` at a peak lr of 1e-3, averaging the last ``average`` epoch
+    checkpoints; ``warmup`` 0: a fixed lr, else inverse-sqrt after that many
+    warmup updates."""
     name: str
     start: str
     arch: str
     flags: str
     what: str
+    epochs: int = 1
+    average: int = 1
+    warmup: int = 0
 
 
 @dataclass(frozen=True)
@@ -322,7 +327,8 @@ def main(argv):
     if command == "runs":
         lines = [f"{r.name}\t{r.arch}\t{r.flags}" for r in RUNS + PARITY_RUNS]
     elif command == "finetunes":
-        lines = [f"{f.name}\t{f.start}\t{f.arch}\t{f.flags}" for f in FINETUNES]
+        lines = [f"{f.name}\t{f.start}\t{f.arch}\t{f.epochs}\t{f.average}\t{f.warmup}\t{f.flags}"
+                 for f in FINETUNES]
     elif command == "decodes":
         lines = [f"{d.name}\t{d.run}\t{d.model_overrides()!r}" for d in DECODES]
     elif command == "benchmarks":
