@@ -122,7 +122,7 @@ def bleu_table(work):
 def parity_table(work):
     """Hard retrieval against soft attention trained the same way (issue 18):
     validation BLEU (where recipes are chosen) and test2016 (reported)."""
-    runs = {r.name: r for r in EXPERIMENTS.RUNS + EXPERIMENTS.PARITY_RUNS}
+    runs = {r.name: r for r in EXPERIMENTS.RUNS + EXPERIMENTS.PARITY_RUNS + EXPERIMENTS.FINETUNES}
     rows = []
     for hard, soft in EXPERIMENTS.PARITY_PAIRS:
         scores = {name: (load(Path(work) / "results" / f"{name}.valid.json"),

@@ -1,6 +1,7 @@
 """Smoke tests of the tools in scripts/: each runs on tiny inputs, reports
 progress, and writes outputs whose contents make sense."""
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -260,6 +261,10 @@ def test_the_experiment_manifest_answers_the_scripts(tmp_path):
     trained = runs | {f[0] for f in finetunes}
     assert all(run in trained for _, run, _ in decodes)
     assert all(isinstance(eval(overrides), dict) for *_, overrides in decodes)
+    spec = importlib.util.spec_from_file_location("experiments", manifest)
+    experiments = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(experiments)
+    assert {name for pair in experiments.PARITY_PAIRS for name in pair} <= trained
     (tmp_path / "runs" / "soft").mkdir(parents=True)
     (tmp_path / "runs" / "soft" / "checkpoint_avg.pt").write_bytes(b"")
     for (benchmark,) in query("benchmarks"):

@@ -18,6 +18,7 @@ from typing import Dict, Tuple
 SOFT_KINDS = {"dec_self_attn_kind": "soft", "dec_cross_attn_kind": "soft"}
 HARD_KINDS = {"dec_self_attn_kind": "hard", "dec_cross_attn_kind": "hard"}
 GATE_LOSS = "--criterion label_smoothed_cross_entropy_with_gate --gate-beta 0.1"
+PRE_NORM = "--encoder-normalize-before --decoder-normalize-before"
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,14 @@ FINETUNES = (
     # the control of the fine-tunings' gain: the same epoch, plain loss
     FineTune("soft_ft", "soft", "transformer_soft_small", "",
              "soft, 1 more epoch as flexible_ft's (the control of its gain)"),
+    # soft-to-hard conversion: the pre-norm soft model, 5 epochs (20 % of its
+    # updates) with hard retrieval; its control continues soft the same way
+    FineTune("hard_pre_from_soft", "soft_pre", "transformer_hard_dec_small", PRE_NORM,
+             "soft_pre converted to hard retrieval: 5 epochs of hard fine-tuning (20 % of its updates)",
+             epochs=5, average=2, warmup=100),
+    FineTune("soft_pre_more", "soft_pre", "transformer_soft_small", PRE_NORM,
+             "soft_pre, 5 more soft epochs as hard_pre_from_soft's (the control)",
+             epochs=5, average=2, warmup=100),
 )
 
 _FLEXIBLE = ("flexible", "flexible_ft", "flexible_band_ft", "flexible_gate32", "flexible_gate32_band_ft")
@@ -122,7 +131,6 @@ DECODES = (
     Decode("local_cps", "local", cps=True),
 )
 
-PRE_NORM = "--encoder-normalize-before --decoder-normalize-before"
 # the ablation toward hard/soft parity (issue 18): trained with the same
 # budget as every run; hard and soft variants side by side
 PARITY_RUNS = (
@@ -139,7 +147,8 @@ PARITY_RUNS = (
 )
 # (hard run, its soft counterpart: the same recipe) for the gap column
 PARITY_PAIRS = (("hard", "soft"), ("hard_pre", "soft_pre"), ("hard_pre_argmax", "soft_pre"),
-                ("hard_pre_anneal", "soft_pre"), ("hard_pre_h8", "soft_pre_h8"))
+                ("hard_pre_anneal", "soft_pre"), ("hard_pre_h8", "soft_pre_h8"),
+                ("hard_pre_from_soft", "soft_pre"), ("hard_pre_from_soft", "soft_pre_more"))
 
 # rows of the main table after the runs: fine-tunings and Table-4 switches, in this order
 TABLE_EXTRA_ROWS = ("soft_decoded_hard", "hard_decoded_soft", "fairseq_cross_self", "flexible_ft",
