@@ -6,8 +6,10 @@ the top of README.md, between its ``<!-- results:start -->`` and
 ``<!-- results:end -->`` markers.
 
 Usage: scripts/results_table.py WORK_DIR RESULTS_DIR [--reference OTHER_WORK_DIR]
-(as scripts/results.sh calls it). --reference adds the scores of another work
-dir (trained with another budget) as a second table. ``WORK_DIR --print``
+[--short-budget RESULTS_JSON] (as scripts/results.sh calls it). --reference adds
+the scores of another work dir (trained with another budget) as a second table;
+--short-budget adds a column of test2016 BLEU from another table's records
+(results.json of a shorter budget: for rows not yet trained with this one). ``WORK_DIR --print``
 only prints the BLEU table of a work dir.
 """
 
@@ -160,6 +162,8 @@ def main(argv=None):
     parser.add_argument("--print", action="store_true",
                         help="only print the BLEU of every scored run of WORK (no files written)")
     parser.add_argument("--reference", type=Path, help="another work dir whose scores to add")
+    parser.add_argument("--short-budget", type=Path, metavar="RESULTS_JSON",
+                        help="records of a shorter budget's table: their BLEU as a column")
     parser.add_argument("--readme", type=Path, default=REPO / "README.md",
                         help="README whose results markers receive the table")
     args = parser.parse_args(argv)
@@ -169,6 +173,8 @@ def main(argv=None):
         return
     if results is None:
         parser.error("give RESULTS_DIR (or --print)")
+    if args.short_budget and not args.short_budget.is_file():
+        parser.error(f"--short-budget {args.short_budget}: no such file")
     if not args.readme.is_file():
         parser.error(f"--readme {args.readme}: no such file")
     small_benchmark, base_benchmark = load(results / "speed_small.json"), load(results / "speed_base.json")
@@ -176,10 +182,12 @@ def main(argv=None):
     memory = {}
     for r in (load(results / "memory.json") or {}).get("results", []):
         memory.setdefault(r["arch"], {})[r["workload"]] = r["peak_mb"]
+    short = {r["name"]: r.get("bleu_tok_lc") for r in load(args.short_budget) or []} \
+        if args.short_budget else None
     table, records = [], []
     for name, arch, what in runs():
         bleu = load(work / "results" / f"{name}.json")
-        if bleu is None and name not in small:
+        if bleu is None and name not in small and not (short and short.get(name)):
             continue
         speed = small.get(name, {})
         base_arch = base.get(name, {})
@@ -202,17 +210,19 @@ def main(argv=None):
         table.append(
             f"| `{name}` | {what} | {fmt(record['bleu_tok_lc'], '.2f')} | "
             f"{fmt(record['sacrebleu'], '.2f')} | "
+            + (f"{fmt(short.get(name), '.2f')} | " if short is not None else "") +
             f"{fmt(record['params'] and record['params'] / 1e6, '.2f')} | "
             f"{fmt(record['sentences_per_s'], '.1f')} | {fmt(record['speed_vs_soft'], '.2f')}{'x' if record['speed_vs_soft'] else ''} | "
             f"{fmt(record['pct_of_attention_free_limit'], '.0f')}{'%' if record['pct_of_attention_free_limit'] else ''} | "
             f"{fmt(record['base_speed_vs_soft'], '.2f')}{'x' if record['base_speed_vs_soft'] else ''} | "
             f"{fmt(record['train_speed_vs_soft'], '.2f')}{'x' if record['train_speed_vs_soft'] else ''} | "
             f"{fmt(record['peak_mb_train'], '.0f')} / {fmt(record['peak_mb_decode'], '.0f')} |")
+    short_column = " test2016 BLEU, short budget |" if short is not None else ""
     header = (
-        "| run | what it changes | test2016 BLEU (tok, lc) | sacreBLEU (lc) | params (M) | "
-        "sent/s (small, CPU) | speed vs soft | % of attention-free limit | speed vs soft, Base dims | "
-        "train speed vs soft | peak MB train / decode |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|")
+        "| run | what it changes | test2016 BLEU (tok, lc) | sacreBLEU (lc) |" + short_column
+        + " params (M) | sent/s (small, CPU) | speed vs soft | % of attention-free limit | "
+        "speed vs soft, Base dims | train speed vs soft | peak MB train / decode |\n"
+        "|---|---|---|---|" + "---|" * bool(short_column) + "---|---|---|---|---|---|---|")
     markdown = header + "\n" + "\n".join(table)
     signature = next((load(p).get("sacrebleu_signature") for p in sorted((work / "results").glob("*.json"))
                       if load(p) and load(p).get("sacrebleu_signature")), None)

@@ -222,6 +222,36 @@ def test_results_table_fills_the_readme_markers(tmp_path):
     assert {r["name"] for r in records} == {"soft", "hard"}
 
 
+def test_results_table_short_budget_column_and_parity_table(tmp_path):
+    """--short-budget: a shorter budget's BLEU as a column, also for rows not
+    yet trained with this budget; the parity table pairs hard with soft runs
+    on validation and test2016."""
+    work, results = tmp_path / "work", tmp_path / "results"
+    (work / "results").mkdir(parents=True)
+    results.mkdir()
+    for name, valid, test in (("soft_pre", 40.0, 39.5), ("hard_pre", 39.0, 39.25)):
+        for suffix, bleu in ((".valid", valid), ("", test)):
+            (work / "results" / f"{name}{suffix}.json").write_text(json.dumps(
+                {"sentences": 10, "bleu_tok_lc": bleu, "sacrebleu": bleu}))
+    (work / "results" / "soft.json").write_text(json.dumps(
+        {"sentences": 10, "bleu_tok_lc": 38.5, "sacrebleu": 38.4}))
+    short = tmp_path / "short.json"
+    short.write_text(json.dumps([{"name": "soft", "bleu_tok_lc": 25.6}, {"name": "aan", "bleu_tok_lc": 22.41}]))
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- results:start -->\n<!-- results:end -->\n")
+    script("results_table.py", work, results, "--readme", readme, "--short-budget", short)
+    text = readme.read_text()
+    assert "short budget |" in text
+    assert "| `soft` | soft baseline" in text and "| 38.50 | 38.40 | 25.60 |" in text
+    assert "| `aan` |" in text and "| — | — | 22.41 |" in text  # not trained with this budget yet
+    parity = (results / "hard_parity.md").read_text()
+    assert "| 39.00 / 40.00 | -1.00 | 39.25 / 39.50 | -0.25 |" in parity
+    missing = tmp_path / "nowhere.json"
+    proc = script("results_table.py", work, results, "--readme", readme, "--short-budget", missing,
+                  check=False)
+    assert proc.returncode != 0 and "--short-budget" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_hydra_sweep_and_its_summary(reorder_data, tmp_path):
     """examples/sweep: two learning rates by fairseq-hydra-train's multirun."""
     sweep_dir = tmp_path / "sweep"
