@@ -109,6 +109,10 @@ FINETUNES = (
     FineTune("hard_pre_from_soft", "soft_pre", "transformer_hard_dec_small", PRE_NORM,
              "soft_pre converted to hard retrieval: 5 epochs of hard fine-tuning (20 % of its updates)",
              epochs=5, average=2, warmup=100),
+    FineTune("hard_pre_argmax_from_soft", "soft_pre", "transformer_hard_dec_small",
+             PRE_NORM + " --hard-train-retrieval argmax",
+             "soft_pre converted as hard_pre_from_soft, with straight-through argmax",
+             epochs=5, average=2, warmup=100),
     FineTune("soft_pre_more", "soft_pre", "transformer_soft_small", PRE_NORM,
              "soft_pre, 5 more soft epochs as hard_pre_from_soft's (the control)",
              epochs=5, average=2, warmup=100),
@@ -121,6 +125,9 @@ DECODES = (
            "the soft checkpoint decoded by fairseq's own transformer (the peer)"),
     Decode("soft_decoded_hard", "soft", HARD_KINDS, "trained soft, decoded with hard retrieval (Table 4)"),
     Decode("hard_decoded_soft", "hard", SOFT_KINDS, "trained hard, decoded soft (Table 4)"),
+    Decode("soft_pre_decoded_hard", "soft_pre", HARD_KINDS,
+           "soft_pre trained soft, decoded with hard retrieval (Table 4 on the pre-norm models)"),
+    Decode("hard_pre_decoded_soft", "hard_pre", SOFT_KINDS, "hard_pre trained hard, decoded soft (Table 4)"),
     # fairseq's own cross+self decodes the cross_self checkpoint (identical training)
     Decode("fairseq_cross_self", "cross_self", {"_name": "transformer"},
            "fairseq's own cross+self attention (the peer; same trained weights as cross_self)"),
@@ -148,7 +155,8 @@ PARITY_RUNS = (
 # (hard run, its soft counterpart: the same recipe) for the gap column
 PARITY_PAIRS = (("hard", "soft"), ("hard_pre", "soft_pre"), ("hard_pre_argmax", "soft_pre"),
                 ("hard_pre_anneal", "soft_pre"), ("hard_pre_h8", "soft_pre_h8"),
-                ("hard_pre_from_soft", "soft_pre"), ("hard_pre_from_soft", "soft_pre_more"))
+                ("hard_pre_from_soft", "soft_pre"), ("hard_pre_from_soft", "soft_pre_more"),
+                ("hard_pre_argmax_from_soft", "soft_pre"), ("hard_pre_argmax_from_soft", "soft_pre_more"))
 
 # rows of the main table after the runs: fine-tunings and Table-4 switches, in this order
 TABLE_EXTRA_ROWS = ("soft_decoded_hard", "hard_decoded_soft", "fairseq_cross_self", "flexible_ft",
