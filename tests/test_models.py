@@ -41,6 +41,31 @@ def test_preset_dimensions(arch, dims):
             args.decoder_ffn_embed_dim, args.decoder_attention_heads) == dims
 
 
+@pytest.mark.parametrize("prenorm, plain", [
+    ("transformer_hard_dec_prenorm", "transformer_hard_dec"),
+    ("transformer_hard_dec_prenorm_small", "transformer_hard_dec_small"),
+    ("transformer_soft_prenorm", "transformer_soft"),
+    ("transformer_soft_prenorm_small", "transformer_soft_small"),
+])
+def test_prenorm_presets_differ_from_theirs_only_in_where_layers_normalize(prenorm, plain):
+    """The parity recipe's presets: pre-norm layers and fairseq's final layer
+    norms, every other setting as the plain preset; an explicit option still wins."""
+    with_norm, without = argparse.Namespace(), argparse.Namespace()
+    ARCH_CONFIG_REGISTRY[prenorm](with_norm)
+    ARCH_CONFIG_REGISTRY[plain](without)
+    differing = {k for k in vars(with_norm) if vars(with_norm)[k] != vars(without).get(k)}
+    assert differing == {"encoder_normalize_before", "decoder_normalize_before"}
+    assert with_norm.encoder_normalize_before and with_norm.decoder_normalize_before
+    if prenorm.endswith("_small"):
+        model = build_model(prenorm)
+        assert model.encoder.layer_norm is not None and model.decoder.layer_norm is not None
+        assert model.decoder.layers[0].normalize_before
+        assert build_model(plain).decoder.layer_norm is None
+    explicit = argparse.Namespace(decoder_normalize_before=False)
+    ARCH_CONFIG_REGISTRY[prenorm](explicit)
+    assert explicit.decoder_normalize_before is False and explicit.encoder_normalize_before
+
+
 @pytest.mark.parametrize(
     "arch, kinds",
     [

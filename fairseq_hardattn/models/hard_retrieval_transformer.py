@@ -12,6 +12,7 @@ from .attention_kind_base import (
     big_architecture,
     hard_in,
     iwslt_de_en_architecture,
+    pre_norm,
     small_architecture,
 )
 
@@ -52,6 +53,20 @@ def transformer_hard_dec_iwslt_de_en(args):
 def transformer_hard_dec_small(args):
     hard_in(args, "dec_self", "dec_cross")
     small_architecture(args)
+
+
+@register_model_architecture(MODEL_NAME, "transformer_hard_dec_prenorm")
+def transformer_hard_dec_prenorm(args):
+    """The parity recipe (issue 18, results/hard_parity.md): the paper's main
+    setting with pre-norm layers; its soft counterpart is transformer_soft_prenorm."""
+    pre_norm(args)
+    transformer_hard_dec(args)
+
+
+@register_model_architecture(MODEL_NAME, "transformer_hard_dec_prenorm_small")
+def transformer_hard_dec_prenorm_small(args):
+    pre_norm(args)
+    transformer_hard_dec_small(args)
 
 
 @register_model_architecture(MODEL_NAME, "transformer_hard_cross")

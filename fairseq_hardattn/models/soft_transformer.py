@@ -2,7 +2,9 @@
 built by this plugin's classes, so that it decodes on the same terms as every
 other variant (encoder K/V kept once per sentence of a beam, alignments from
 a teacher-forced pass) and its checkpoints switch kinds like theirs.
-``transformer_soft`` (Base), ``_big`` and ``_small`` (the CPU preset).
+``transformer_soft`` (Base), ``_big`` and ``_small`` (the CPU preset);
+``transformer_soft_prenorm`` (+``_small``): the soft counterpart of
+``transformer_hard_dec_prenorm``, trained the same way.
 """
 
 from fairseq.models import register_model, register_model_architecture
@@ -11,6 +13,7 @@ from .attention_kind_base import (
     AttentionKindTransformerModel,
     base_architecture,
     big_architecture,
+    pre_norm,
     small_architecture,
 )
 
@@ -36,3 +39,16 @@ def transformer_soft_big(args):
 def transformer_soft_small(args):
     """The soft baseline at the CPU preset (the same model as fairseq's transformer)."""
     small_architecture(args)
+
+
+@register_model_architecture(MODEL_NAME, "transformer_soft_prenorm")
+def transformer_soft_prenorm(args):
+    """The soft counterpart of transformer_hard_dec_prenorm (pre-norm layers)."""
+    pre_norm(args)
+    transformer_soft(args)
+
+
+@register_model_architecture(MODEL_NAME, "transformer_soft_prenorm_small")
+def transformer_soft_prenorm_small(args):
+    pre_norm(args)
+    transformer_soft_small(args)
