@@ -46,6 +46,11 @@ def one_line(exc):
     """The line to print for ``exc``, or None when it is not a user's error."""
     if isinstance(exc, ConfigError):
         return str(exc)
+    cause = exc.__cause__ or exc.__context__
+    while cause is not None and not isinstance(cause, ConfigError):
+        cause = cause.__cause__ or cause.__context__
+    if cause is not None:  # fairseq re-raised it, e.g. "Cannot load model parameters from ..."
+        return f"{cause} [{exc}]"
     for exc_type, exact, pattern, say in _INPUT_ERRORS:
         if type(exc) is exc_type if exact else isinstance(exc, exc_type):
             match = pattern.search(str(exc))
@@ -141,6 +146,15 @@ class ClearCheckpointErrors:
                 ) if part)
             name = getattr(model_cfg, "_name", None) or getattr(model_cfg, "arch", None) \
                 or type(self).__name__
+            final_norms = {f"{side}.layer_norm.{p}" for side in ("encoder", "decoder")
+                           for p in ("weight", "bias")}
+            if missing and set(missing) <= final_norms and not unexpected:
+                raise ConfigError(
+                    f"the checkpoint does not fit {name}: it has no final layer norms "
+                    f"({', '.join(missing)}), so it was trained with post-norm layers; {name} "
+                    "normalizes before each layer (--encoder-normalize-before "
+                    "--decoder-normalize-before, the _prenorm presets): use the preset without "
+                    "_prenorm") from None
             raise ConfigError(
                 f"the checkpoint does not fit {name}: {detail}. Checkpoints convert between "
                 "attention kinds of the same sublayers (soft/hard, + fresh gates for flexible or "

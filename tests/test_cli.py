@@ -2,6 +2,7 @@
 
 import re
 
+import torch
 from fairseq import checkpoint_utils, tasks
 
 from fairseq_hardattn.modules import HardRetrievalAttention
@@ -131,6 +132,27 @@ def test_finetune_soft_checkpoint_into_flexible_with_gate_loss(trained_checkpoin
     assert len(hypotheses(out.stdout)) == TEST_SENTENCES
     found = re.search(r"CPS ([\d.]+) \(global attention ([\d.]+)\)", out.stderr)
     assert found and float(found.group(1)) < float(found.group(2))
+
+
+def test_soft_to_hard_conversion_workflow(trained_checkpoints, reorder_data, tmp_path):
+    """README's conversion: fairseq's own soft transformer checkpoint
+    fine-tuned with hard retrieval (--finetune-from-model) starts from the soft
+    weights and saves a hard model; a pre-norm preset from a post-norm
+    checkpoint is one line naming the missing final layer norms."""
+    train(reorder_data, tmp_path / "hard", "transformer_hard_dec",
+          "--finetune-from-model", trained_checkpoints["soft"], updates=1)
+    soft = torch.load(trained_checkpoints["soft"], map_location="cpu", weights_only=False)
+    hard = torch.load(tmp_path / "hard" / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    assert hard["cfg"]["model"].dec_cross_attn_kind == "hard"
+    assert hard["model"].keys() == soft["model"].keys()
+    out = generate(reorder_data, tmp_path / "hard" / "checkpoint_last.pt")
+    assert len(hypotheses(out.stdout)) == TEST_SENTENCES
+    proc = run_cli("fairseq-train", reorder_data, "--arch", "transformer_hard_dec_prenorm", *TRAIN_FLAGS,
+                   *TINY_DIM_FLAGS, "--finetune-from-model", trained_checkpoints["soft"],
+                   "--save-dir", tmp_path / "prenorm", check=False)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "fairseq-hardattn: error: the checkpoint does not fit transformer_hard_dec_prenorm: it has no final layer norms" in proc.stderr
+    assert "use the preset without _prenorm" in proc.stderr
 
 
 def test_flexible_threshold_must_be_positive(reorder_data, tmp_path):
