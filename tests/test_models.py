@@ -47,19 +47,26 @@ def test_preset_dimensions(arch, dims):
     ("transformer_soft_prenorm", "transformer_soft"),
     ("transformer_soft_prenorm_small", "transformer_soft_small"),
 ])
-def test_prenorm_presets_differ_from_theirs_only_in_where_layers_normalize(prenorm, plain):
+def test_prenorm_presets_differ_from_theirs_only_in_the_parity_recipe(prenorm, plain):
     """The parity recipe's presets: pre-norm layers and fairseq's final layer
-    norms, every other setting as the plain preset; an explicit option still wins."""
+    norms (hard: straight-through argmax in training too), every other setting
+    as the plain preset; an explicit option still wins."""
     with_norm, without = argparse.Namespace(), argparse.Namespace()
     ARCH_CONFIG_REGISTRY[prenorm](with_norm)
     ARCH_CONFIG_REGISTRY[plain](without)
     differing = {k for k in vars(with_norm) if vars(with_norm)[k] != vars(without).get(k)}
-    assert differing == {"encoder_normalize_before", "decoder_normalize_before"}
+    recipe = {"encoder_normalize_before", "decoder_normalize_before"}
+    if "hard" in prenorm:
+        recipe.add("hard_train_retrieval")
+        assert with_norm.hard_train_retrieval == "argmax" and without.hard_train_retrieval == "sample"
+    assert differing == recipe
     assert with_norm.encoder_normalize_before and with_norm.decoder_normalize_before
     if prenorm.endswith("_small"):
         model = build_model(prenorm)
         assert model.encoder.layer_norm is not None and model.decoder.layer_norm is not None
         assert model.decoder.layers[0].normalize_before
+        if "hard" in prenorm:
+            assert model.decoder.layers[0].encoder_attn.train_retrieval == "argmax"
         assert build_model(plain).decoder.layer_norm is None
     explicit = argparse.Namespace(decoder_normalize_before=False)
     ARCH_CONFIG_REGISTRY[prenorm](explicit)

@@ -64,6 +64,11 @@ RUNS = (
     Run("soft", "transformer_soft_small", "", "soft baseline: fairseq's Transformer, small preset"),
     Run("hard", "transformer_hard_dec_small", "",
         "hard retrieval attention in decoder self- and cross-attention"),
+    # the parity recipe's presets (issue 18): pre-norm layers, hard and its soft counterpart
+    Run("soft_pre", "transformer_soft_prenorm_small", "", "soft baseline with pre-norm layers"),
+    Run("hard_pre_argmax", "transformer_hard_dec_prenorm_small", "",
+        "hard retrieval attention (decoder self- and cross-), the parity recipe: pre-norm layers, "
+        "straight-through argmax in training"),
     Run("cross_self", "transformer_cross_self_small", "",
         "cross+self attention over [final encoder; decoder] states"),
     Run("cross_self_layerwise", "transformer_cross_self_layerwise_small", "",
@@ -105,12 +110,14 @@ FINETUNES = (
              "soft, 1 more epoch as flexible_ft's (the control of its gain)"),
     # soft-to-hard conversion: the pre-norm soft model, 5 epochs (20 % of its
     # updates) with hard retrieval; its control continues soft the same way
-    FineTune("hard_pre_from_soft", "soft_pre", "transformer_hard_dec_prenorm_small", "",
-             "soft_pre converted to hard retrieval: 5 epochs of hard fine-tuning (20 % of its updates)",
+    FineTune("hard_pre_from_soft", "soft_pre", "transformer_hard_dec_prenorm_small",
+             "--hard-train-retrieval sample",
+             "soft_pre converted to hard retrieval (keys sampled): 5 epochs of hard fine-tuning "
+             "(20 % of its updates)",
              epochs=5, average=2, warmup=100),
-    FineTune("hard_pre_argmax_from_soft", "soft_pre", "transformer_hard_dec_prenorm_small",
-             "--hard-train-retrieval argmax",
-             "soft_pre converted as hard_pre_from_soft, with straight-through argmax",
+    FineTune("hard_pre_argmax_from_soft", "soft_pre", "transformer_hard_dec_prenorm_small", "",
+             "soft_pre converted to the parity recipe (straight-through argmax): 5 epochs of hard "
+             "fine-tuning (20 % of its updates)",
              epochs=5, average=2, warmup=100),
     FineTune("soft_pre_more", "soft_pre", "transformer_soft_prenorm_small", "",
              "soft_pre, 5 more soft epochs as hard_pre_from_soft's (the control)",
@@ -126,7 +133,10 @@ DECODES = (
     Decode("hard_decoded_soft", "hard", SOFT_KINDS, "trained hard, decoded soft (Table 4)"),
     Decode("soft_pre_decoded_hard", "soft_pre", HARD_KINDS,
            "soft_pre trained soft, decoded with hard retrieval (Table 4 on the pre-norm models)"),
-    Decode("hard_pre_decoded_soft", "hard_pre", SOFT_KINDS, "hard_pre trained hard, decoded soft (Table 4)"),
+    Decode("hard_pre_decoded_soft", "hard_pre", SOFT_KINDS,
+           "hard_pre trained hard, decoded soft (Table 4)"),
+    Decode("hard_pre_argmax_decoded_soft", "hard_pre_argmax", SOFT_KINDS,
+           "hard_pre_argmax trained hard, decoded soft (Table 4)"),
     # fairseq's own cross+self decodes the cross_self checkpoint (identical training)
     Decode("fairseq_cross_self", "cross_self", {"_name": "transformer"},
            "fairseq's own cross+self attention (the peer; same trained weights as cross_self)"),
@@ -142,13 +152,13 @@ DECODES = (
 # presets are the plain ones with --encoder-normalize-before
 # --decoder-normalize-before (the same models: tests/test_models.py)
 PARITY_RUNS = (
-    Run("soft_pre", "transformer_soft_prenorm_small", "", "soft, pre-norm"),
-    Run("hard_pre", "transformer_hard_dec_prenorm_small", "", "hard, pre-norm"),
-    Run("hard_pre_argmax", "transformer_hard_dec_prenorm_small", "--hard-train-retrieval argmax",
-        "hard, pre-norm, straight-through argmax (training retrieves what decoding does)"),
-    Run("hard_pre_anneal", "transformer_hard_dec_prenorm_small", "--hard-anneal-updates 1500",
+    Run("hard_pre", "transformer_hard_dec_prenorm_small", "--hard-train-retrieval sample",
+        "hard, pre-norm, keys sampled in training (the paper's)"),
+    Run("hard_pre_anneal", "transformer_hard_dec_prenorm_small",
+        "--hard-train-retrieval sample --hard-anneal-updates 1500",
         "hard, pre-norm, soft-to-hard curriculum over the first 1500 updates (~half)"),
-    Run("hard_pre_h8", "transformer_hard_dec_prenorm_small", "--decoder-attention-heads 8",
+    Run("hard_pre_h8", "transformer_hard_dec_prenorm_small",
+        "--hard-train-retrieval sample --decoder-attention-heads 8",
         "hard, pre-norm, 8 decoder heads (of 16 dims)"),
     Run("soft_pre_h8", "transformer_soft_prenorm_small", "--decoder-attention-heads 8",
         "soft, pre-norm, 8 decoder heads"),
@@ -160,8 +170,10 @@ PARITY_PAIRS = (("hard", "soft"), ("hard_pre", "soft_pre"), ("hard_pre_argmax", 
                 ("hard_pre_argmax_from_soft", "soft_pre"), ("hard_pre_argmax_from_soft", "soft_pre_more"))
 
 # rows of the main table after the runs: fine-tunings and Table-4 switches, in this order
-TABLE_EXTRA_ROWS = ("soft_decoded_hard", "hard_decoded_soft", "fairseq_cross_self", "flexible_ft",
-                    "flexible_band_ft", "flexible_gate32_band_ft", "soft_ft")
+TABLE_EXTRA_ROWS = ("hard_pre_argmax_from_soft", "hard_pre_from_soft", "soft_pre_more",
+                    "soft_decoded_hard", "hard_decoded_soft", "soft_pre_decoded_hard",
+                    "hard_pre_argmax_decoded_soft", "fairseq_cross_self",
+                    "flexible_ft", "flexible_band_ft", "flexible_gate32_band_ft", "soft_ft")
 
 CPS_ROWS = (  # the flexible-attention paper's Table 1: (result name, what)
     ("soft", "global attention (soft baseline)"),
