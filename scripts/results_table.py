@@ -39,7 +39,8 @@ def runs():
     """(name, arch and flags, what it changes) of every row of the main table."""
     described = {f.name: (f"{f.arch} {f.flags} (from {f.start})", f.what)
                  for f in EXPERIMENTS.FINETUNES}
-    archs = {run.name: run.arch for run in EXPERIMENTS.RUNS + EXPERIMENTS.FINETUNES}
+    archs = {run.name: run.arch
+             for run in EXPERIMENTS.RUNS + EXPERIMENTS.PARITY_RUNS + EXPERIMENTS.FINETUNES}
     for decode in EXPERIMENTS.DECODES:
         described[decode.name] = (f"{archs[decode.run]} {decode.overrides}", decode.what)
     rows = [(r.name, f"{r.arch} {r.flags}".strip(), r.what) for r in EXPERIMENTS.RUNS]
