@@ -119,6 +119,15 @@ FINETUNES = (
              "soft_pre converted to the parity recipe (straight-through argmax): 5 epochs of hard "
              "fine-tuning (20 % of its updates)",
              epochs=5, average=2, warmup=100),
+    # the same three with another seed of the fine-tuning (dropout, batch order): the noise
+    FineTune("hard_pre_argmax_from_soft_s2", "soft_pre", "transformer_hard_dec_prenorm_small",
+             "--seed 2", "hard_pre_argmax_from_soft, fine-tuned with seed 2",
+             epochs=5, average=2, warmup=100),
+    FineTune("hard_pre_from_soft_s2", "soft_pre", "transformer_hard_dec_prenorm_small",
+             "--hard-train-retrieval sample --seed 2", "hard_pre_from_soft, fine-tuned with seed 2",
+             epochs=5, average=2, warmup=100),
+    FineTune("soft_pre_more_s2", "soft_pre", "transformer_soft_prenorm_small", "--seed 2",
+             "soft_pre_more with seed 2", epochs=5, average=2, warmup=100),
     FineTune("soft_pre_more", "soft_pre", "transformer_soft_prenorm_small", "",
              "soft_pre, 5 more soft epochs as hard_pre_from_soft's (the control)",
              epochs=5, average=2, warmup=100),
@@ -167,7 +176,9 @@ PARITY_RUNS = (
 PARITY_PAIRS = (("hard", "soft"), ("hard_pre", "soft_pre"), ("hard_pre_argmax", "soft_pre"),
                 ("hard_pre_anneal", "soft_pre"), ("hard_pre_h8", "soft_pre_h8"),
                 ("hard_pre_from_soft", "soft_pre"), ("hard_pre_from_soft", "soft_pre_more"),
-                ("hard_pre_argmax_from_soft", "soft_pre"), ("hard_pre_argmax_from_soft", "soft_pre_more"))
+                ("hard_pre_argmax_from_soft", "soft_pre"), ("hard_pre_argmax_from_soft", "soft_pre_more"),
+                ("hard_pre_argmax_from_soft_s2", "soft_pre_more_s2"),
+                ("hard_pre_from_soft_s2", "soft_pre_more_s2"))
 
 # rows of the main table after the runs: fine-tunings and Table-4 switches, in this order
 TABLE_EXTRA_ROWS = ("hard_pre_argmax_from_soft", "hard_pre_from_soft", "soft_pre_more",
@@ -314,6 +325,7 @@ OUTPUTS = {
     **{b.name: b.what for b in BENCHMARKS + GPU_BENCHMARKS},
     "hard_parity": "hard retrieval attention against soft attention trained the same way: "
                    "the ablation toward parity",
+    "short_budget": "every architecture at the short budget (5 epochs): the earlier headline table",
     "op_counts": "operations and host syncs of one beam search per architecture, beside "
                  "fairseq's transformer (what a GPU pays per step)",
     "attention_step_costs": "one decoding step of cross-attention alone, per mechanism, Base dims "
