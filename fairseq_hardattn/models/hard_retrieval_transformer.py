@@ -1,7 +1,8 @@
 """Hard retrieval attention Transformers (Xu et al. 2021): the paper's main
-setting ``transformer_hard_dec`` (hard decoder self- and cross-attention)
-and its Table-3 ablations, as presets of the attention-kind options
-(``attention_kind_base``).
+setting ``transformer_hard_dec`` (hard decoder self- and cross-attention),
+its Table-3 ablations and ``transformer_hard_dec_prenorm`` (the recipe that
+brought it closest to soft attention), as presets of the attention-kind
+options (``attention_kind_base``).
 """
 
 from fairseq.models import register_model, register_model_architecture
