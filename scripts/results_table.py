@@ -39,8 +39,7 @@ def runs():
     """(name, arch and flags, what it changes) of every row of the main table."""
     described = {f.name: (f"{f.arch} {f.flags} (from {f.start})", f.what)
                  for f in EXPERIMENTS.FINETUNES}
-    archs = {run.name: run.arch
-             for run in EXPERIMENTS.RUNS + EXPERIMENTS.PARITY_RUNS + EXPERIMENTS.FINETUNES}
+    archs = {run.name: run.arch for run in EXPERIMENTS.TRAINED}
     for decode in EXPERIMENTS.DECODES:
         described[decode.name] = (f"{archs[decode.run]} {decode.overrides}", decode.what)
     rows = [(r.name, f"{r.arch} {r.flags}".strip(), r.what) for r in EXPERIMENTS.RUNS]
@@ -92,15 +91,16 @@ def speed_note(small, base):
 
 
 def cps_table(work):
-    rows = []
+    rows, counted = [], False
     for name, what in EXPERIMENTS.CPS_ROWS:
         bleu, cps = load(Path(work) / "results" / f"{name}.json"), cps_of(work, name)
+        counted = counted or cps is not None
         if bleu is None:
             continue
         rows.append(f"| {what} | {fmt(cps and cps[0], '.1f', 'all (global)')} | "
                     f"{fmt(cps and 100 * (1 - cps[0] / cps[1]), '.0f')}{'%' if cps else ''} | "
                     f"{bleu['bleu_tok_lc']:.2f} |")
-    if not any(cps_of(work, name) for name, _ in EXPERIMENTS.CPS_ROWS):
+    if not counted:
         return ""  # no flexible or local run scored yet: nothing to compare with global
     return ("\n### Flexible attention (the paper's Table 1)\n\n"
             "| model | CPS (scores per target step) | fewer than global | test2016 BLEU |\n"
@@ -125,7 +125,7 @@ def bleu_table(work):
 def parity_table(work):
     """Hard retrieval against soft attention trained the same way (issue 18):
     validation BLEU (where recipes are chosen) and test2016 (reported)."""
-    runs = {r.name: r for r in EXPERIMENTS.RUNS + EXPERIMENTS.PARITY_RUNS + EXPERIMENTS.FINETUNES}
+    runs = {r.name: r for r in EXPERIMENTS.TRAINED}
     rows = []
     for hard, soft in EXPERIMENTS.PARITY_PAIRS:
         scores = {name: (load(Path(work) / "results" / f"{name}.valid.json"),

@@ -172,6 +172,10 @@ PARITY_RUNS = (
     Run("soft_pre_h8", "transformer_soft_prenorm_small", "--decoder-attention-heads 8",
         "soft, pre-norm, 8 decoder heads"),
 )
+# every run trained from scratch, and with its fine-tunings every trained run
+FROM_SCRATCH = RUNS + PARITY_RUNS
+TRAINED = FROM_SCRATCH + FINETUNES
+
 # (hard run, its soft counterpart: the same recipe) for the gap column
 PARITY_PAIRS = (("hard", "soft"), ("hard_pre", "soft_pre"), ("hard_pre_argmax", "soft_pre"),
                 ("hard_pre_anneal", "soft_pre"), ("hard_pre_h8", "soft_pre_h8"),
@@ -367,7 +371,7 @@ def benchmark_models(benchmark, work_dir):
 def main(argv):
     command = argv[0] if argv else ""
     if command == "runs":
-        lines = [f"{r.name}\t{r.arch}\t{r.flags}" for r in RUNS + PARITY_RUNS]
+        lines = [f"{r.name}\t{r.arch}\t{r.flags}" for r in FROM_SCRATCH]
     elif command == "finetunes":
         lines = [f"{f.name}\t{f.start}\t{f.arch}\t{f.epochs}\t{f.average}\t{f.warmup}\t{f.flags}"
                  for f in FINETUNES]

@@ -18,6 +18,7 @@ hypotheses of a beam share their sentence's); K and V may be batch-major
 (decoding caches) or time-major views (fresh projections): any strides.
 """
 
+import os
 from typing import Optional, Tuple
 
 import torch
@@ -36,8 +37,6 @@ def available(tensor: Tensor) -> bool:
     (``TRITON_INTERPRET=1`` runs them on the CPU, for testing)."""
     if triton is None:
         return False
-    import os
-
     return tensor.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
 
 
