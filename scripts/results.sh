@@ -50,14 +50,17 @@ wait
 # fine-tunings: a trained run continued at a peak lr of 1e-3 (fixed, or
 # inverse-sqrt after a warmup), e.g. one epoch with the gate loss, or a
 # soft checkpoint converted to hard retrieval
-while IFS=$'\t' read -r name start arch epochs average warmup flags; do
-  if selected "$name" && trained "$start"; then
+# (distilled from a trained teacher run where one is named)
+while IFS=$'\t' read -r name start arch epochs average warmup teacher flags; do
+  if selected "$name" && trained "$start" && { [ "$teacher" = - ] || trained "$teacher"; }; then
     schedule=(LR_SCHEDULER=fixed)
     [ "$warmup" -gt 0 ] && schedule=(LR_SCHEDULER=inverse_sqrt WARMUP="$warmup")
+    distill=()
+    [ "$teacher" != - ] && distill=(--distill-teacher "$WORK_DIR/runs/$teacher/checkpoint_avg.pt")
     # shellcheck disable=SC2086
     env EPOCHS="$epochs" AVERAGE_LAST="$average" "${schedule[@]}" bash "$M30K/train.sh" \
       "$WORK_DIR" "$name" "$arch" --finetune-from-model "$WORK_DIR/runs/$start/checkpoint_avg.pt" \
-      --lr 0.001 $flags
+      --lr 0.001 "${distill[@]}" $flags
   fi
 done < <("${EXPERIMENTS[@]}" finetunes)
 

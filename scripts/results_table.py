@@ -37,7 +37,8 @@ def load(path):
 
 def runs():
     """(name, arch and flags, what it changes) of every row of the main table."""
-    described = {f.name: (f"{f.arch} {f.flags} (from {f.start})", f.what)
+    described = {f.name: (f"{f.arch} {f.flags} (from {f.start}"
+                          + (f", teacher {f.teacher})" if f.teacher else ")"), f.what)
                  for f in EXPERIMENTS.FINETUNES}
     archs = {run.name: run.arch for run in EXPERIMENTS.TRAINED}
     for decode in EXPERIMENTS.DECODES:

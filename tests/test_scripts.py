@@ -288,6 +288,8 @@ def test_the_experiment_manifest_answers_the_scripts(tmp_path):
     names = list(runs) + [f[0] for f in finetunes] + [d[0] for d in decodes]
     assert len(names) == len(set(names))
     assert all(start in runs for _, start, *_ in finetunes)
+    assert all(teacher == "-" or teacher in runs for *_, teacher, _ in finetunes)
+    assert any(teacher != "-" for *_, teacher, _ in finetunes)
     trained = runs | {f[0] for f in finetunes}
     assert all(run in trained for _, run, _ in decodes)
     assert all(isinstance(eval(overrides), dict) for *_, overrides in decodes)

@@ -128,3 +128,11 @@ def test_hub_without_user_dir(trained_checkpoints, reorder_data):
     loaded = subprocess.run(argv, env=tool_env(TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="1"),
                             capture_output=True, text=True)
     assert loaded.returncode == 0, loaded.stderr[-3000:]
+
+
+def test_a_distillation_teacher_of_another_dictionary(trained_checkpoints, small_data, tmp_path):
+    proc = run_cli("fairseq-train", small_data["joined"], "--arch", "transformer_hard_dec",
+                   *TRAIN_FLAGS, *TINY_DIM_FLAGS, "--save-dir", tmp_path,
+                   "--criterion", "label_smoothed_cross_entropy_with_distillation",
+                   "--distill-teacher", trained_checkpoints["soft"], check=False)
+    one_error_line(proc, "dictionary")

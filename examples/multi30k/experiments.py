@@ -18,6 +18,7 @@ from typing import Dict, Tuple
 SOFT_KINDS = {"dec_self_attn_kind": "soft", "dec_cross_attn_kind": "soft"}
 HARD_KINDS = {"dec_self_attn_kind": "hard", "dec_cross_attn_kind": "hard"}
 GATE_LOSS = "--criterion label_smoothed_cross_entropy_with_gate --gate-beta 0.1"
+DISTILLATION = "--criterion label_smoothed_cross_entropy_with_distillation --distill-weight 0.5"
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,8 @@ class FineTune:
     which builds from these options: repeat the start's own, e.g. a gate size)
     for ``epochs`` at a peak lr of 1e-3, averaging the last ``average`` epoch
     checkpoints; ``warmup`` 0: a fixed lr, else inverse-sqrt after that many
-    warmup updates."""
+    warmup updates; ``teacher``: a trained run distilled from
+    (``--distill-teacher`` its averaged checkpoint; give the criterion in ``flags``)."""
     name: str
     start: str
     arch: str
@@ -44,6 +46,7 @@ class FineTune:
     epochs: int = 1
     average: int = 1
     warmup: int = 0
+    teacher: str = ""
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,12 @@ FINETUNES = (
     FineTune("soft_pre_more", "soft_pre", "transformer_soft_prenorm_small", "",
              "soft_pre, 5 more soft epochs as hard_pre_from_soft's (the control)",
              epochs=5, average=2, warmup=100),
+    # the conversion taught by the soft model it starts from (word-level
+    # distillation, α = 0.5): no more training budget than the conversion
+    FineTune("hard_pre_argmax_from_soft_kd", "soft_pre", "transformer_hard_dec_prenorm_small",
+             DISTILLATION,
+             "hard_pre_argmax_from_soft with word-level distillation from soft_pre (α = 0.5)",
+             epochs=5, average=2, warmup=100, teacher="soft_pre"),
 )
 
 _FLEXIBLE = ("flexible", "flexible_ft", "flexible_band_ft", "flexible_gate32", "flexible_gate32_band_ft")
@@ -182,7 +191,9 @@ PARITY_PAIRS = (("hard", "soft"), ("hard_pre", "soft_pre"), ("hard_pre_argmax", 
                 ("hard_pre_from_soft", "soft_pre"), ("hard_pre_from_soft", "soft_pre_more"),
                 ("hard_pre_argmax_from_soft", "soft_pre"), ("hard_pre_argmax_from_soft", "soft_pre_more"),
                 ("hard_pre_argmax_from_soft_s2", "soft_pre_more_s2"),
-                ("hard_pre_from_soft_s2", "soft_pre_more_s2"))
+                ("hard_pre_from_soft_s2", "soft_pre_more_s2"),
+                ("hard_pre_argmax_from_soft_kd", "soft_pre"),
+                ("hard_pre_argmax_from_soft_kd", "soft_pre_more"))
 
 # rows of the main table after the runs: fine-tunings and Table-4 switches, in this order
 TABLE_EXTRA_ROWS = ("hard_pre_argmax_from_soft", "hard_pre_from_soft", "soft_pre_more",
@@ -373,8 +384,8 @@ def main(argv):
     if command == "runs":
         lines = [f"{r.name}\t{r.arch}\t{r.flags}" for r in FROM_SCRATCH]
     elif command == "finetunes":
-        lines = [f"{f.name}\t{f.start}\t{f.arch}\t{f.epochs}\t{f.average}\t{f.warmup}\t{f.flags}"
-                 for f in FINETUNES]
+        lines = [f"{f.name}\t{f.start}\t{f.arch}\t{f.epochs}\t{f.average}\t{f.warmup}\t"
+                 f"{f.teacher or '-'}\t{f.flags}" for f in FINETUNES]
     elif command == "decodes":
         lines = [f"{d.name}\t{d.run}\t{d.model_overrides()!r}" for d in DECODES]
     elif command == "benchmarks":
