@@ -209,17 +209,26 @@ def test_results_table_fills_the_readme_markers(tmp_path):
          "pct_of_attention_free_limit": 70.0},
         {"model": "hard", "params": 2_000_000, "sentences_per_s_median": 60.0, "decode_speedup": 1.2,
          "pct_of_attention_free_limit": 84.0}]}))
+    # a row speed_small did not measure comes from a later benchmark, marked; others do not
+    (work / "results" / "soft_pre.json").write_text(json.dumps(
+        {"sentences": 10, "bleu_tok_lc": 30.75, "sacrebleu": 30.7}))
+    (results / "speed_small_parity.json").write_text(json.dumps({"settings": settings, "results": [
+        {"model": "soft", "params": 2_000_000, "sentences_per_s_median": 40.0, "decode_speedup": 1.0},
+        {"model": "soft_pre", "params": 2_100_000, "sentences_per_s_median": 41.0,
+         "decode_speedup": 1.025}]}))
     readme = tmp_path / "README.md"
     readme.write_text("# title\n<!-- results:start -->\nold\n<!-- results:end -->\nrest\n")
     script("results_table.py", work, results, "--readme", readme)
     text = readme.read_text()
     assert "old" not in text and text.startswith("# title\n") and text.endswith("rest\n")
     assert "| `hard` |" in text and "29.25" in text and "1.20x" in text and "84%" in text
+    assert "| 2.00 | 50.0 | 1.00x |" in text  # soft from speed_small
+    assert "| 2.10 | 41.0‡ | 1.02x |" in text and "‡: measured later" in text
     assert "3 epochs of 512-token batches" in text
     assert "first 10 test sentences, exactly 20 output tokens each with beam 4, batch 5" in text
     assert "| 4.5 | 70% | 30.00 |" in text  # CPS, fewer score computations than global, BLEU
     records = json.loads((results / "results.json").read_text())
-    assert {r["name"] for r in records} == {"soft", "hard"}
+    assert {r["name"] for r in records} == {"soft", "hard", "soft_pre"}
 
 
 def test_results_table_short_budget_column_and_parity_table(tmp_path):

@@ -251,6 +251,12 @@ BENCHMARKS = (
               ("soft", "fairseq", "soft_ft", "local", "flexible", "flexible_ft", "flexible_band_ft",
                "flexible_gate32", "flexible_gate32_band_ft", "flexible_band_ft_tau075",
                "flexible_gate32_band_ft_tau075"), True),
+    # the parity recipe's presets (issue 18), trained after speed_small was measured,
+    # with the same settings beside soft, fairseq and hard
+    Benchmark("speed_small_parity", "speed_small's settings for the parity presets beside soft, "
+              "fairseq and hard (trained later)",
+              f"--baseline soft {_SMALL_TEST} --train-batches 6 --sublayer-times",
+              ("soft", "fairseq", "hard", "soft_pre", "hard_pre_argmax"), True),
     # trained gates and centres on 100-token sources: where skipping can pay
     Benchmark("speed_small_long_sources", "small preset, the trained checkpoints, 100-token sources",
               "--baseline soft --src-len 100 --num-sentences 128 --batch-size 64 "
@@ -304,6 +310,8 @@ BENCHMARKS = (
               data=True),
 )
 
+# the main table's speed columns: each row from the first of these that measured it
+TABLE_SPEED_BENCHMARKS = ("speed_small", "speed_small_parity")
 
 
 def _gpu_models(src_len):
