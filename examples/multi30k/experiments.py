@@ -196,7 +196,8 @@ PARITY_PAIRS = (("hard", "soft"), ("hard_pre", "soft_pre"), ("hard_pre_argmax", 
                 ("hard_pre_argmax_from_soft_kd", "soft_pre_more"))
 
 # rows of the main table after the runs: fine-tunings and Table-4 switches, in this order
-TABLE_EXTRA_ROWS = ("fairseq", "hard_pre_argmax_from_soft", "hard_pre_from_soft", "soft_pre_more",
+TABLE_EXTRA_ROWS = ("fairseq", "hard_pre_argmax_from_soft", "hard_pre_argmax_from_soft_kd",
+                    "hard_pre_from_soft", "soft_pre_more",
                     "soft_decoded_hard", "hard_decoded_soft", "soft_pre_decoded_hard",
                     "hard_pre_argmax_decoded_soft", "fairseq_cross_self",
                     "flexible_ft", "flexible_band_ft", "flexible_gate32_band_ft", "soft_ft")
