@@ -191,12 +191,13 @@ def main(argv=None):
         memory.setdefault(r["arch"], {})[r["workload"]] = r["peak_mb"]
     short = {r["name"]: r.get("bleu_tok_lc") for r in load(args.short_budget) or []} \
         if args.short_budget else None
-    table, records = [], []
+    table, records, any_measured_later = [], [], False
     for name, arch, what in runs():
         bleu = load(work / "results" / f"{name}.json")
         if bleu is None and name not in small and not (short and short.get(name)):
             continue
         measured_later = name not in small and name in later
+        any_measured_later = any_measured_later or measured_later
         speed = later[name] if measured_later else small.get(name, {})
         base_arch = base.get(name, {})
         arch_name = arch.split()[0]
@@ -237,8 +238,7 @@ def main(argv=None):
     notes = ("\nMulti30k en-de test2016 (1000 sentences), small preset (4+4 layers, d=128, FFN 256, "
              f"4 heads), {budget_note(work)}. {speed_note(small_benchmark, base_benchmark)} "
              + (f"‡: measured later with the same settings ({', '.join(EXPERIMENTS.TABLE_SPEED_BENCHMARKS[1:])}"
-                "; its ratios are to the soft baseline of that run). " if any(
-                    r["name"] not in small and r["name"] in later for r in records) else "")
+                "; its ratios are to the soft baseline of that run). " if any_measured_later else "")
              + (f"sacreBLEU signature: `{signature}`." if signature else "")
              + (f" \"Short budget\": test2016 BLEU of the same recipe with a shorter budget "
                 f"({args.short_budget.name}), for the rows not yet trained with this one; speeds "

@@ -91,12 +91,13 @@ class LabelSmoothedCrossEntropyWithDistillationCriterion(LabelSmoothedCrossEntro
         return self._teacher[0]
 
     def _teacher_on(self, reference):
-        """The teacher on ``reference``'s device and in its dtype (moved once)."""
+        """The teacher on ``reference``'s device and in its dtype (moved once;
+        it stays in eval mode: as no submodule, criterion.train() never reaches it)."""
         teacher = self.teacher
         parameter = next(teacher.parameters())
         if parameter.device != reference.device or parameter.dtype != reference.dtype:
             teacher.to(device=reference.device, dtype=reference.dtype)
-        return teacher.eval()
+        return teacher
 
     def forward(self, model, sample, reduce=True):
         net_output = model(**sample["net_input"])
