@@ -12,8 +12,8 @@
 #   DATA_DIR  the multi30k folder (../shared/data/multi30k here)
 #   WORK_DIR  BPE, binarized data, checkpoints (default: work/multi30k)
 # Environment: ONLY="soft hard ..." to restrict the runs; SKIP_BENCH=1;
-#   PARALLEL=2 trains two runs at a time (one thread each: 1.7x the
-#   throughput of one two-thread run on 2 cores); budget knobs in common.sh
+#   PARALLEL=2 trains and scores two runs at a time (one thread each: 1.7x the
+#   throughput of one two-thread run on 2 cores; PARALLEL=12 on one GPU); budget knobs in common.sh
 #   (EPOCHS, WARMUP, AVERAGE_LAST, ...); REFERENCE=OTHER_WORK_DIR adds that
 #   work dir's scores (e.g. a longer budget) to the README as a second table.
 # Never time while anything else runs on the machine: the benchmarks here
@@ -37,41 +37,77 @@ EXPERIMENTS=(python "$M30K/experiments.py")  # the list of runs, fine-tunings, d
 trained() { [ -f "$WORK_DIR/runs/$1/checkpoint_avg.pt" ]; }
 selected() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
 
-# --- training (resumable; PARALLEL runs at a time) ----------------------------
+# --- training (resumable; PARALLEL at a time) ------------------------------------
+# runs first, then fine-tunings, each as soon as its start run (and teacher) is
+# trained: a fine-tuning continues a trained run at a peak lr of 1e-3 (fixed,
+# or inverse-sqrt after a warmup), e.g. one epoch with the gate loss, or a soft
+# checkpoint converted to hard retrieval, distilled from a teacher where one is
+# named. A failed job is logged and leaves its run untrained; the rest go on.
+JOB_THREADS=$(( PARALLEL > 1 ? 1 : THREADS ))
+wait_for_slot() { while [ "$(jobs -rp | wc -l)" -ge "$PARALLEL" ]; do wait -n || true; done; }
+train_run() {
+  local name arch flags
+  IFS=$'\t' read -r name arch flags <<< "$1"
+  # shellcheck disable=SC2086
+  THREADS=$JOB_THREADS bash "$M30K/train.sh" "$WORK_DIR" "$name" "$arch" $flags \
+    || log "$name: training failed (see $WORK_DIR/runs/$name/train.log)"
+}
+finetune() {
+  local name start arch epochs average warmup teacher flags schedule distill=()
+  IFS=$'\t' read -r name start arch epochs average warmup teacher flags <<< "$1"
+  schedule=(LR_SCHEDULER=fixed)
+  [ "$warmup" -gt 0 ] && schedule=(LR_SCHEDULER=inverse_sqrt WARMUP="$warmup")
+  [ "$teacher" != - ] && distill=(--distill-teacher "$WORK_DIR/runs/$teacher/checkpoint_avg.pt")
+  # shellcheck disable=SC2086
+  env THREADS="$JOB_THREADS" EPOCHS="$epochs" AVERAGE_LAST="$average" "${schedule[@]}" \
+    bash "$M30K/train.sh" "$WORK_DIR" "$name" "$arch" \
+    --finetune-from-model "$WORK_DIR/runs/$start/checkpoint_avg.pt" --lr 0.001 "${distill[@]}" $flags \
+    || log "$name: fine-tuning failed (see $WORK_DIR/runs/$name/train.log)"
+}
 mapfile -t RUNS < <("${EXPERIMENTS[@]}" runs)
 for line in "${RUNS[@]}"; do
-  IFS=$'\t' read -r name arch flags <<< "$line"
-  selected "$name" || continue
-  # shellcheck disable=SC2086
-  THREADS=$(( PARALLEL > 1 ? 1 : THREADS )) bash "$M30K/train.sh" "$WORK_DIR" "$name" "$arch" $flags &
-  while [ "$(jobs -rp | wc -l)" -ge "$PARALLEL" ]; do wait -n; done
+  selected "${line%%$'\t'*}" || continue
+  wait_for_slot
+  train_run "$line" &
+done
+pending=()
+while IFS= read -r line; do
+  selected "${line%%$'\t'*}" && pending+=("$line")
+done < <("${EXPERIMENTS[@]}" finetunes)
+while [ "${#pending[@]}" -gt 0 ]; do
+  waiting=()
+  for line in "${pending[@]}"; do
+    IFS=$'\t' read -r _ start _ _ _ _ teacher _ <<< "$line"
+    if trained "$start" && { [ "$teacher" = - ] || trained "$teacher"; }; then
+      wait_for_slot
+      finetune "$line" &
+    else
+      waiting+=("$line")
+    fi
+  done
+  if [ "${#waiting[@]}" -eq "${#pending[@]}" ]; then
+    if [ -z "$(jobs -rp)" ]; then  # nothing left that could train their start runs
+      for line in "${waiting[@]}"; do log "${line%%$'\t'*}: skipped (its start run or teacher is not trained)"; done
+      break
+    fi
+    sleep 5
+  fi
+  pending=("${waiting[@]}")
 done
 wait
-# fine-tunings: a trained run continued at a peak lr of 1e-3 (fixed, or
-# inverse-sqrt after a warmup), e.g. one epoch with the gate loss, or a
-# soft checkpoint converted to hard retrieval
-# (distilled from a trained teacher run where one is named)
-while IFS=$'\t' read -r name start arch epochs average warmup teacher flags; do
-  if selected "$name" && trained "$start" && { [ "$teacher" = - ] || trained "$teacher"; }; then
-    schedule=(LR_SCHEDULER=fixed)
-    [ "$warmup" -gt 0 ] && schedule=(LR_SCHEDULER=inverse_sqrt WARMUP="$warmup")
-    distill=()
-    [ "$teacher" != - ] && distill=(--distill-teacher "$WORK_DIR/runs/$teacher/checkpoint_avg.pt")
-    # shellcheck disable=SC2086
-    env EPOCHS="$epochs" AVERAGE_LAST="$average" "${schedule[@]}" bash "$M30K/train.sh" \
-      "$WORK_DIR" "$name" "$arch" --finetune-from-model "$WORK_DIR/runs/$start/checkpoint_avg.pt" \
-      --lr 0.001 "${distill[@]}" $flags
-  fi
-done < <("${EXPERIMENTS[@]}" finetunes)
 
 # --- BLEU: test2016 (reported) and the validation set (for selecting) -----------
-evaluate() { bash "$M30K/evaluate.sh" "$DATA_DIR" "$WORK_DIR" "$@" > /dev/null; }
+evaluate() { bash "$M30K/evaluate.sh" "$DATA_DIR" "$WORK_DIR" "$@" > /dev/null || log "$2: scoring failed"; }
 for name in $("${EXPERIMENTS[@]}" runs | cut -f1) $("${EXPERIMENTS[@]}" finetunes | cut -f1); do
-  if trained "$name"; then evaluate "$name" "$name"; SUBSET=valid evaluate "$name" "$name"; fi
+  trained "$name" || continue
+  wait_for_slot; evaluate "$name" "$name" &
+  wait_for_slot; SUBSET=valid evaluate "$name" "$name" &
 done
 while IFS=$'\t' read -r name run overrides; do
-  trained "$run" && evaluate "$run" "$name" --model-overrides "$overrides"
+  trained "$run" || continue
+  wait_for_slot; evaluate "$run" "$name" --model-overrides "$overrides" &
 done < <("${EXPERIMENTS[@]}" decodes)
+wait
 
 write_tables() {
   python "$REPO/scripts/results_table.py" "$WORK_DIR" "$RESULTS" ${REFERENCE:+--reference "$REFERENCE"}

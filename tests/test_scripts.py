@@ -314,3 +314,49 @@ def test_the_experiment_manifest_answers_the_scripts(tmp_path):
         of_soft = {"soft"} | {name for name, run, _ in decodes if run == "soft"}
         assert set(models) <= of_soft, benchmark  # only what is trained
         assert "--baseline" in args or "--arch" in args
+
+
+def test_results_sh_starts_each_fine_tuning_once_its_start_run_is_trained(tmp_path):
+    """scripts/results.sh schedules runs and fine-tunings PARALLEL at a time: a
+    fine-tuning starts only after its start run (and teacher) has finished, one
+    whose start run failed is skipped with a line saying so, and every trained
+    run is scored on test and valid. Training and scoring are stand-ins that
+    record what they were asked (the real ones are exercised elsewhere)."""
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    for name in ("results.sh", "results_table.py"):
+        (repo / "scripts" / name).write_text((SCRIPTS / name).read_text())
+    m30k = repo / "examples" / "multi30k"
+    m30k.mkdir(parents=True)
+    for name in ("common.sh", "experiments.py"):
+        (m30k / name).write_text((REPO / "examples" / "multi30k" / name).read_text())
+    (repo / "README.md").write_text("<!-- results:start -->\n<!-- results:end -->\n")
+    (m30k / "prepare.sh").write_text("true\n")
+    journal = tmp_path / "journal"
+    (m30k / "train.sh").write_text(
+        f'echo "start $2 $*" >> {journal}; sleep 0.3\n'
+        '[ "$2" = soft_pre ] && exit 1\n'  # its fine-tunings must be skipped
+        'mkdir -p "$1/runs/$2" && touch "$1/runs/$2/checkpoint_avg.pt"\n'
+        f'echo "end $2" >> {journal}\n')
+    (m30k / "evaluate.sh").write_text(f'echo "score ${{SUBSET:-test}} $3 $4" >> {journal}\n')
+    only = "soft flexible flexible_ft soft_ft soft_pre hard_pre_from_soft hard_pre_argmax_from_soft_kd"
+    env = tool_env(ONLY=only, PARALLEL="3", SKIP_BENCH="1")
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    proc = subprocess.run(["bash", str(repo / "scripts" / "results.sh"), tmp_path / "data",
+                           tmp_path / "work"], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    events = journal.read_text().splitlines()
+    started = [e.split()[1] for e in events if e.startswith("start ")]
+    assert sorted(started) == sorted(["soft", "flexible", "soft_pre", "flexible_ft", "soft_ft"])
+    for finetune, start in (("flexible_ft", "flexible"), ("soft_ft", "soft")):
+        begin = next(i for i, e in enumerate(events) if e.startswith(f"start {finetune} "))
+        assert events.index(f"end {start}") < begin
+        assert f"--finetune-from-model {tmp_path / 'work'}/runs/{start}/checkpoint_avg.pt" in events[begin]
+    for skipped in ("hard_pre_from_soft", "hard_pre_argmax_from_soft_kd"):
+        assert f"{skipped}: skipped (its start run or teacher is not trained)" in proc.stderr
+    assert "soft_pre: training failed" in proc.stderr
+    scored = {tuple(e.split()[1:]) for e in events if e.startswith("score ")}
+    for name in ("soft", "flexible", "flexible_ft", "soft_ft"):
+        assert {("test", name, name), ("valid", name, name)} <= scored
+    assert ("test", "soft", "fairseq") in scored and ("test", "flexible", "flexible_auto") in scored
+    assert not any(run == "soft_pre" for _, run, _ in scored)
