@@ -65,15 +65,16 @@ finetune() {
     || log "$name: fine-tuning failed (see $WORK_DIR/runs/$name/train.log)"
 }
 mapfile -t RUNS < <("${EXPERIMENTS[@]}" runs)
+mapfile -t FINETUNES < <("${EXPERIMENTS[@]}" finetunes)
 for line in "${RUNS[@]}"; do
   selected "${line%%$'\t'*}" || continue
   wait_for_slot
   train_run "$line" &
 done
 pending=()
-while IFS= read -r line; do
+for line in "${FINETUNES[@]}"; do
   selected "${line%%$'\t'*}" && pending+=("$line")
-done < <("${EXPERIMENTS[@]}" finetunes)
+done
 while [ "${#pending[@]}" -gt 0 ]; do
   waiting=()
   for line in "${pending[@]}"; do
@@ -97,8 +98,9 @@ done
 wait
 
 # --- BLEU: test2016 (reported) and the validation set (for selecting) -----------
-evaluate() { bash "$M30K/evaluate.sh" "$DATA_DIR" "$WORK_DIR" "$@" > /dev/null || log "$2: scoring failed"; }
-for name in $("${EXPERIMENTS[@]}" runs | cut -f1) $("${EXPERIMENTS[@]}" finetunes | cut -f1); do
+# (one thread each when PARALLEL > 1, as in training: more oversubscribe the cores)
+evaluate() { THREADS=$JOB_THREADS bash "$M30K/evaluate.sh" "$DATA_DIR" "$WORK_DIR" "$@" > /dev/null || log "$2: scoring failed"; }
+for name in "${RUNS[@]%%$'\t'*}" "${FINETUNES[@]%%$'\t'*}"; do
   trained "$name" || continue
   wait_for_slot; evaluate "$name" "$name" &
   wait_for_slot; SUBSET=valid evaluate "$name" "$name" &

@@ -338,7 +338,7 @@ def test_results_sh_starts_each_fine_tuning_once_its_start_run_is_trained(tmp_pa
         '[ "$2" = soft_pre ] && exit 1\n'  # its fine-tunings must be skipped
         'mkdir -p "$1/runs/$2" && touch "$1/runs/$2/checkpoint_avg.pt"\n'
         f'echo "end $2" >> {journal}\n')
-    (m30k / "evaluate.sh").write_text(f'echo "score ${{SUBSET:-test}} $3 $4" >> {journal}\n')
+    (m30k / "evaluate.sh").write_text(f'echo "score ${{SUBSET:-test}} $3 $4 $THREADS" >> {journal}\n')
     only = "soft flexible flexible_ft soft_ft soft_pre hard_pre_from_soft hard_pre_argmax_from_soft_kd"
     env = tool_env(ONLY=only, PARALLEL="3", SKIP_BENCH="1")
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
@@ -355,7 +355,8 @@ def test_results_sh_starts_each_fine_tuning_once_its_start_run_is_trained(tmp_pa
     for skipped in ("hard_pre_from_soft", "hard_pre_argmax_from_soft_kd"):
         assert f"{skipped}: skipped (its start run or teacher is not trained)" in proc.stderr
     assert "soft_pre: training failed" in proc.stderr
-    scored = {tuple(e.split()[1:]) for e in events if e.startswith("score ")}
+    scored = {tuple(e.split()[1:4]) for e in events if e.startswith("score ")}
+    assert {e.split()[4] for e in events if e.startswith("score ")} == {"1"}  # one thread each
     for name in ("soft", "flexible", "flexible_ft", "soft_ft"):
         assert {("test", name, name), ("valid", name, name)} <= scored
     assert ("test", "soft", "fairseq") in scored and ("test", "flexible", "flexible_auto") in scored
