@@ -111,6 +111,14 @@ FINETUNES = (
     # the control of the fine-tunings' gain: the same epoch, plain loss
     FineTune("soft_ft", "soft", "transformer_soft_small", "",
              "soft, 1 more epoch as flexible_ft's (the control of its gain)"),
+    # the same control on flexible itself: what the gate loss adds to the epoch
+    FineTune("flexible_ce_ft", "flexible", "transformer_flexible_small", "",
+             "flexible, 1 more epoch as flexible_ft's with the plain loss (the control of the gate loss)"),
+    # the band fine-tuning with the conversions' schedule: 5 epochs, 2 averaged
+    FineTune("flexible_band_5ep_ft", "flexible", "transformer_flexible_small",
+             GATE_LOSS + " --flexible-train-threshold",
+             "flexible_band_ft for 5 epochs (warmup 100, the last 2 averaged)",
+             epochs=5, average=2, warmup=100),
     # soft-to-hard conversion: the pre-norm soft model, 5 epochs (20 % of its
     # updates) with hard retrieval; its control continues soft the same way
     FineTune("hard_pre_from_soft", "soft_pre", "transformer_hard_dec_prenorm_small",
@@ -142,7 +150,8 @@ FINETUNES = (
              epochs=5, average=2, warmup=100, teacher="soft_pre"),
 )
 
-_FLEXIBLE = ("flexible", "flexible_ft", "flexible_band_ft", "flexible_gate32", "flexible_gate32_band_ft")
+_FLEXIBLE = ("flexible", "flexible_ft", "flexible_band_ft", "flexible_gate32", "flexible_gate32_band_ft",
+             "flexible_ce_ft", "flexible_band_5ep_ft")
 DECODES = (
     # what users have today: the soft checkpoint decoded by fairseq's own Transformer
     Decode("fairseq", "soft", {"_name": "transformer"},
@@ -200,7 +209,8 @@ TABLE_EXTRA_ROWS = ("fairseq", "hard_pre_argmax_from_soft", "hard_pre_argmax_fro
                     "hard_pre_from_soft", "soft_pre_more",
                     "soft_decoded_hard", "hard_decoded_soft", "soft_pre_decoded_hard",
                     "hard_pre_argmax_decoded_soft", "fairseq_cross_self",
-                    "flexible_ft", "flexible_band_ft", "flexible_gate32_band_ft", "soft_ft")
+                    "flexible_ft", "flexible_band_ft", "flexible_gate32_band_ft", "soft_ft",
+                    "flexible_ce_ft", "flexible_band_5ep_ft")
 
 CPS_ROWS = (  # the flexible-attention paper's Table 1: (result name, what)
     ("soft", "global attention (soft baseline)"),
@@ -219,6 +229,11 @@ CPS_ROWS = (  # the flexible-attention paper's Table 1: (result name, what)
     ("flexible_gate32_band_ft_auto", "+ fine-tuning within the bands, decoded with τ = log₁₀ S̄"),
     ("flexible_gate32_band_ft_tau075", "+ fine-tuning within the bands, decoded with τ = 0.75"),
     ("soft_ft", "global attention, 1 more epoch as the fine-tuning's (its control)"),
+    ("flexible_ce_ft_inf", "flexible attention, 1 more epoch with the plain loss (the gate loss's control), τ = ∞"),
+    ("flexible_ce_ft_auto", "flexible attention, 1 more epoch with the plain loss, τ = log₁₀ S̄"),
+    ("flexible_band_5ep_ft_inf", "+ fine-tuning within the bands for 5 epochs (2 averaged), τ = ∞"),
+    ("flexible_band_5ep_ft_auto", "+ fine-tuning within the bands for 5 epochs, τ = log₁₀ S̄"),
+    ("flexible_band_5ep_ft_tau075", "+ fine-tuning within the bands for 5 epochs, τ = 0.75"),
 )
 
 
