@@ -37,7 +37,7 @@ def load(path):
 
 def runs():
     """(name, arch and flags, what it changes) of every row of the main table."""
-    described = {f.name: (f"{f.arch} {f.flags} (from {f.start}"
+    described = {f.name: (" ".join(filter(None, (f.arch, f.flags))) + f" (from {f.start}"
                           + (f", teacher {f.teacher})" if f.teacher else ")"), f.what)
                  for f in EXPERIMENTS.FINETUNES}
     archs = {run.name: run.arch for run in EXPERIMENTS.TRAINED}
@@ -241,8 +241,8 @@ def main(argv=None):
                 "; its ratios are to the soft baseline of that run). " if any_measured_later else "")
              + (f"sacreBLEU signature: `{signature}`." if signature else "")
              + (f" \"Short budget\": test2016 BLEU of the same recipe with a shorter budget "
-                f"({args.short_budget.name}), for the rows not yet trained with this one; speeds "
-                "were measured on those checkpoints." if short is not None else "")
+                f"({args.short_budget.name}), for the rows not yet trained with this one. The speed columns come from "
+                "the benchmarks' own checkpoints (results/speed_*.json name them)." if short is not None else "")
              + "\n" + cps_table(work) + (reference_table(args.reference) if args.reference else ""))
     parity = parity_table(work)
     if parity:
