@@ -35,15 +35,19 @@ def load(path):
     return json.loads(Path(path).read_text()) if Path(path).is_file() else None
 
 
+def arch_and_flags(arch, flags):
+    return " ".join(filter(None, (arch, flags)))  # no stray space where there are no flags
+
+
 def runs():
     """(name, arch and flags, what it changes) of every row of the main table."""
-    described = {f.name: (" ".join(filter(None, (f.arch, f.flags))) + f" (from {f.start}"
+    described = {f.name: (arch_and_flags(f.arch, f.flags) + f" (from {f.start}"
                           + (f", teacher {f.teacher})" if f.teacher else ")"), f.what)
                  for f in EXPERIMENTS.FINETUNES}
     archs = {run.name: run.arch for run in EXPERIMENTS.TRAINED}
     for decode in EXPERIMENTS.DECODES:
         described[decode.name] = (f"{archs[decode.run]} {decode.overrides}", decode.what)
-    rows = [(r.name, f"{r.arch} {r.flags}".strip(), r.what) for r in EXPERIMENTS.RUNS]
+    rows = [(r.name, arch_and_flags(r.arch, r.flags), r.what) for r in EXPERIMENTS.RUNS]
     return rows + [(name, *described[name]) for name in EXPERIMENTS.TABLE_EXTRA_ROWS]
 
 
@@ -241,8 +245,9 @@ def main(argv=None):
                 "; its ratios are to the soft baseline of that run). " if any_measured_later else "")
              + (f"sacreBLEU signature: `{signature}`." if signature else "")
              + (f" \"Short budget\": test2016 BLEU of the same recipe with a shorter budget "
-                f"({args.short_budget.name}), for the rows not yet trained with this one. The speed columns come from "
-                "the benchmarks' own checkpoints (results/speed_*.json name them)." if short is not None else "")
+                f"({args.short_budget.name}), for the rows not yet trained with this one. The speed "
+                "columns come from the benchmarks' own checkpoints (results/speed_*.json name them)."
+                if short is not None else "")
              + "\n" + cps_table(work) + (reference_table(args.reference) if args.reference else ""))
     parity = parity_table(work)
     if parity:
