@@ -92,7 +92,8 @@ def speed_note(small, base):
         b = base["settings"]
         note += (f"; Base dims: random weights, {b.get('sentences', '?')} test sources, exactly "
                  f"{b['fixed_output_len']} output tokens each")
-    return note + " (details: results/speed_*.md)."
+    return note + (" (details: results/speed_*.md; the checkpoints each decoded: "
+                   "results/speed_*.json).")
 
 
 def cps_table(work):
@@ -245,8 +246,7 @@ def main(argv=None):
                 "; its ratios are to the soft baseline of that run). " if any_measured_later else "")
              + (f"sacreBLEU signature: `{signature}`." if signature else "")
              + (f" \"Short budget\": test2016 BLEU of the same recipe with a shorter budget "
-                f"({args.short_budget.name}), for the rows not yet trained with this one. The speed "
-                "columns come from the benchmarks' own checkpoints (results/speed_*.json name them)."
+                f"({args.short_budget.name}), for the rows not yet trained with this one."
                 if short is not None else "")
              + "\n" + cps_table(work) + (reference_table(args.reference) if args.reference else ""))
     parity = parity_table(work)
