@@ -148,6 +148,9 @@ FINETUNES = (
              DISTILLATION,
              "hard_pre_argmax_from_soft with word-level distillation from soft_pre (α = 0.5)",
              epochs=5, average=2, warmup=100, teacher="soft_pre"),
+    FineTune("hard_pre_argmax_from_soft_kd_s2", "soft_pre", "transformer_hard_dec_prenorm_small",
+             DISTILLATION + " --seed 2", "hard_pre_argmax_from_soft_kd, fine-tuned with seed 2",
+             epochs=5, average=2, warmup=100, teacher="soft_pre"),
 )
 
 _FLEXIBLE = ("flexible", "flexible_ft", "flexible_band_ft", "flexible_gate32", "flexible_gate32_band_ft",
@@ -202,7 +205,8 @@ PARITY_PAIRS = (("hard", "soft"), ("hard_pre", "soft_pre"), ("hard_pre_argmax", 
                 ("hard_pre_argmax_from_soft_s2", "soft_pre_more_s2"),
                 ("hard_pre_from_soft_s2", "soft_pre_more_s2"),
                 ("hard_pre_argmax_from_soft_kd", "soft_pre"),
-                ("hard_pre_argmax_from_soft_kd", "soft_pre_more"))
+                ("hard_pre_argmax_from_soft_kd", "soft_pre_more"),
+                ("hard_pre_argmax_from_soft_kd_s2", "soft_pre_more_s2"))
 
 # rows of the main table after the runs: fine-tunings and Table-4 switches, in this order
 TABLE_EXTRA_ROWS = ("fairseq", "hard_pre_argmax_from_soft", "hard_pre_argmax_from_soft_kd",
