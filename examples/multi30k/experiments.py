@@ -206,7 +206,7 @@ PARITY_PAIRS = (("hard", "soft"), ("hard_pre", "soft_pre"), ("hard_pre_argmax", 
                 ("hard_pre_from_soft_s2", "soft_pre_more_s2"),
                 ("hard_pre_argmax_from_soft_kd", "soft_pre"),
                 ("hard_pre_argmax_from_soft_kd", "soft_pre_more"),
-                ("hard_pre_argmax_from_soft_kd_s2", "soft_pre_more_s2"))
+                ("hard_pre_argmax_from_soft_kd_s2", "soft_pre"))
 
 # rows of the main table after the runs: fine-tunings and Table-4 switches, in this order
 TABLE_EXTRA_ROWS = ("fairseq", "hard_pre_argmax_from_soft", "hard_pre_argmax_from_soft_kd",
