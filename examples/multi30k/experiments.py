@@ -142,6 +142,13 @@ FINETUNES = (
     FineTune("soft_pre_more", "soft_pre", "transformer_soft_prenorm_small", "",
              "soft_pre, 5 more soft epochs as hard_pre_from_soft's (the control)",
              epochs=5, average=2, warmup=100),
+    # a third seed of the recipe's conversion with its own control, both from the
+    # retrained soft_pre (the seed-2 control continued the lost one)
+    FineTune("hard_pre_argmax_from_soft_s3", "soft_pre", "transformer_hard_dec_prenorm_small",
+             "--seed 3", "hard_pre_argmax_from_soft, fine-tuned with seed 3",
+             epochs=5, average=2, warmup=100),
+    FineTune("soft_pre_more_s3", "soft_pre", "transformer_soft_prenorm_small", "--seed 3",
+             "soft_pre_more with seed 3", epochs=5, average=2, warmup=100),
     # the conversion taught by the soft model it starts from (word-level
     # distillation, α = 0.5): no more training budget than the conversion
     FineTune("hard_pre_argmax_from_soft_kd", "soft_pre", "transformer_hard_dec_prenorm_small",
@@ -206,7 +213,8 @@ PARITY_PAIRS = (("hard", "soft"), ("hard_pre", "soft_pre"), ("hard_pre_argmax", 
                 ("hard_pre_from_soft_s2", "soft_pre_more_s2"),
                 ("hard_pre_argmax_from_soft_kd", "soft_pre"),
                 ("hard_pre_argmax_from_soft_kd", "soft_pre_more"),
-                ("hard_pre_argmax_from_soft_kd_s2", "soft_pre"))
+                ("hard_pre_argmax_from_soft_kd_s2", "soft_pre"),
+                ("hard_pre_argmax_from_soft_s3", "soft_pre_more_s3"))
 
 # rows of the main table after the runs: fine-tunings and Table-4 switches, in this order
 TABLE_EXTRA_ROWS = ("fairseq", "hard_pre_argmax_from_soft", "hard_pre_argmax_from_soft_kd",
