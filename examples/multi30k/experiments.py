@@ -199,6 +199,10 @@ PARITY_RUNS = (
         "hard, pre-norm, 8 decoder heads (of 16 dims)"),
     Run("soft_pre_h8", "transformer_soft_prenorm_small", "--decoder-attention-heads 8",
         "soft, pre-norm, 8 decoder heads"),
+    # the recipe and its soft counterpart with a second training seed: the gap's noise
+    Run("hard_pre_argmax_s2", "transformer_hard_dec_prenorm_small", "--seed 2",
+        "the parity recipe (hard_pre_argmax) trained with seed 2"),
+    Run("soft_pre_s2", "transformer_soft_prenorm_small", "--seed 2", "soft_pre trained with seed 2"),
 )
 # every run trained from scratch, and with its fine-tunings every trained run
 FROM_SCRATCH = RUNS + PARITY_RUNS
@@ -214,7 +218,8 @@ PARITY_PAIRS = (("hard", "soft"), ("hard_pre", "soft_pre"), ("hard_pre_argmax", 
                 ("hard_pre_argmax_from_soft_kd", "soft_pre"),
                 ("hard_pre_argmax_from_soft_kd", "soft_pre_more"),
                 ("hard_pre_argmax_from_soft_kd_s2", "soft_pre"),
-                ("hard_pre_argmax_from_soft_s3", "soft_pre_more_s3"))
+                ("hard_pre_argmax_from_soft_s3", "soft_pre_more_s3"),
+                ("hard_pre_argmax_s2", "soft_pre_s2"))
 
 # rows of the main table after the runs: fine-tunings and Table-4 switches, in this order
 TABLE_EXTRA_ROWS = ("fairseq", "hard_pre_argmax_from_soft", "hard_pre_argmax_from_soft_kd",
