@@ -19,6 +19,9 @@ SOFT_KINDS = {"dec_self_attn_kind": "soft", "dec_cross_attn_kind": "soft"}
 HARD_KINDS = {"dec_self_attn_kind": "hard", "dec_cross_attn_kind": "hard"}
 GATE_LOSS = "--criterion label_smoothed_cross_entropy_with_gate --gate-beta 0.1"
 DISTILLATION = "--criterion label_smoothed_cross_entropy_with_distillation --distill-weight 0.5"
+# the soft-to-hard conversions' schedule (and their controls'): 5 epochs, 20 % of
+# the 25-epoch budget, 100 warmup updates, the last 2 epochs averaged
+CONVERSION_SCHEDULE = {"epochs": 5, "average": 2, "warmup": 100}
 
 
 @dataclass(frozen=True)
@@ -118,46 +121,46 @@ FINETUNES = (
     FineTune("flexible_band_5ep_ft", "flexible", "transformer_flexible_small",
              GATE_LOSS + " --flexible-train-threshold",
              "flexible_band_ft for 5 epochs (warmup 100, the last 2 averaged)",
-             epochs=5, average=2, warmup=100),
+             **CONVERSION_SCHEDULE),
     # soft-to-hard conversion: the pre-norm soft model, 5 epochs (20 % of its
     # updates) with hard retrieval; its control continues soft the same way
     FineTune("hard_pre_from_soft", "soft_pre", "transformer_hard_dec_prenorm_small",
              "--hard-train-retrieval sample",
              "soft_pre converted to hard retrieval (keys sampled): 5 epochs of hard fine-tuning "
              "(20 % of its updates)",
-             epochs=5, average=2, warmup=100),
+             **CONVERSION_SCHEDULE),
     FineTune("hard_pre_argmax_from_soft", "soft_pre", "transformer_hard_dec_prenorm_small", "",
              "soft_pre converted to the parity recipe (straight-through argmax): 5 epochs of hard "
              "fine-tuning (20 % of its updates)",
-             epochs=5, average=2, warmup=100),
+             **CONVERSION_SCHEDULE),
     # the same three with another seed of the fine-tuning (dropout, batch order): the noise
     FineTune("hard_pre_argmax_from_soft_s2", "soft_pre", "transformer_hard_dec_prenorm_small",
              "--seed 2", "hard_pre_argmax_from_soft, fine-tuned with seed 2",
-             epochs=5, average=2, warmup=100),
+             **CONVERSION_SCHEDULE),
     FineTune("hard_pre_from_soft_s2", "soft_pre", "transformer_hard_dec_prenorm_small",
              "--hard-train-retrieval sample --seed 2", "hard_pre_from_soft, fine-tuned with seed 2",
-             epochs=5, average=2, warmup=100),
+             **CONVERSION_SCHEDULE),
     FineTune("soft_pre_more_s2", "soft_pre", "transformer_soft_prenorm_small", "--seed 2",
-             "soft_pre_more with seed 2", epochs=5, average=2, warmup=100),
+             "soft_pre_more with seed 2", **CONVERSION_SCHEDULE),
     FineTune("soft_pre_more", "soft_pre", "transformer_soft_prenorm_small", "",
              "soft_pre, 5 more soft epochs as hard_pre_from_soft's (the control)",
-             epochs=5, average=2, warmup=100),
+             **CONVERSION_SCHEDULE),
     # a third seed of the recipe's conversion with its own control, both from the
     # retrained soft_pre (the seed-2 control continued the lost one)
     FineTune("hard_pre_argmax_from_soft_s3", "soft_pre", "transformer_hard_dec_prenorm_small",
              "--seed 3", "hard_pre_argmax_from_soft, fine-tuned with seed 3",
-             epochs=5, average=2, warmup=100),
+             **CONVERSION_SCHEDULE),
     FineTune("soft_pre_more_s3", "soft_pre", "transformer_soft_prenorm_small", "--seed 3",
-             "soft_pre_more with seed 3", epochs=5, average=2, warmup=100),
+             "soft_pre_more with seed 3", **CONVERSION_SCHEDULE),
     # the conversion taught by the soft model it starts from (word-level
     # distillation, α = 0.5): no more training budget than the conversion
     FineTune("hard_pre_argmax_from_soft_kd", "soft_pre", "transformer_hard_dec_prenorm_small",
              DISTILLATION,
              "hard_pre_argmax_from_soft with word-level distillation from soft_pre (α = 0.5)",
-             epochs=5, average=2, warmup=100, teacher="soft_pre"),
+             **CONVERSION_SCHEDULE, teacher="soft_pre"),
     FineTune("hard_pre_argmax_from_soft_kd_s2", "soft_pre", "transformer_hard_dec_prenorm_small",
              DISTILLATION + " --seed 2", "hard_pre_argmax_from_soft_kd, fine-tuned with seed 2",
-             epochs=5, average=2, warmup=100, teacher="soft_pre"),
+             **CONVERSION_SCHEDULE, teacher="soft_pre"),
 )
 
 _FLEXIBLE = ("flexible", "flexible_ft", "flexible_band_ft", "flexible_gate32", "flexible_gate32_band_ft",
