@@ -133,12 +133,10 @@ FINETUNES = (
              "soft_pre converted to the parity recipe (straight-through argmax): 5 epochs of hard "
              "fine-tuning (20 % of its updates)",
              **CONVERSION_SCHEDULE),
-    # the same three with another seed of the fine-tuning (dropout, batch order): the noise
+    # the conversions and their control with another fine-tuning seed (dropout,
+    # batch order): the noise
     FineTune("hard_pre_argmax_from_soft_s2", "soft_pre", "transformer_hard_dec_prenorm_small",
              "--seed 2", "hard_pre_argmax_from_soft, fine-tuned with seed 2",
-             **CONVERSION_SCHEDULE),
-    FineTune("hard_pre_from_soft_s2", "soft_pre", "transformer_hard_dec_prenorm_small",
-             "--hard-train-retrieval sample --seed 2", "hard_pre_from_soft, fine-tuned with seed 2",
              **CONVERSION_SCHEDULE),
     FineTune("soft_pre_more_s2", "soft_pre", "transformer_soft_prenorm_small", "--seed 2",
              "soft_pre_more with seed 2", **CONVERSION_SCHEDULE),
@@ -152,6 +150,22 @@ FINETUNES = (
              **CONVERSION_SCHEDULE),
     FineTune("soft_pre_more_s3", "soft_pre", "transformer_soft_prenorm_small", "--seed 3",
              "soft_pre_more with seed 3", **CONVERSION_SCHEDULE),
+    FineTune("hard_pre_from_soft_s3", "soft_pre", "transformer_hard_dec_prenorm_small",
+             "--hard-train-retrieval sample --seed 3", "hard_pre_from_soft, fine-tuned with seed 3",
+             **CONVERSION_SCHEDULE),
+    # the soft-to-hard curriculum inside the conversion: the hard share rises
+    # over its first half (310 of 620 updates), as hard_pre_anneal's over ~half
+    FineTune("hard_pre_argmax_from_soft_anneal_s3", "soft_pre",
+             "transformer_hard_dec_prenorm_small", "--hard-anneal-updates 310 --seed 3",
+             "hard_pre_argmax_from_soft_s3 with the soft-to-hard curriculum over its first "
+             "310 updates",
+             **CONVERSION_SCHEDULE),
+    # its second seed, with a control of the same seed
+    FineTune("hard_pre_argmax_from_soft_anneal_s4", "soft_pre",
+             "transformer_hard_dec_prenorm_small", "--hard-anneal-updates 310 --seed 4",
+             "hard_pre_argmax_from_soft_anneal_s3 with seed 4", **CONVERSION_SCHEDULE),
+    FineTune("soft_pre_more_s4", "soft_pre", "transformer_soft_prenorm_small", "--seed 4",
+             "soft_pre_more with seed 4", **CONVERSION_SCHEDULE),
     # the conversion taught by the soft model it starts from (word-level
     # distillation, α = 0.5): no more training budget than the conversion
     FineTune("hard_pre_argmax_from_soft_kd", "soft_pre", "transformer_hard_dec_prenorm_small",
@@ -217,11 +231,13 @@ PARITY_PAIRS = (("hard", "soft"), ("hard_pre", "soft_pre"), ("hard_pre_argmax", 
                 ("hard_pre_from_soft", "soft_pre"), ("hard_pre_from_soft", "soft_pre_more"),
                 ("hard_pre_argmax_from_soft", "soft_pre"), ("hard_pre_argmax_from_soft", "soft_pre_more"),
                 ("hard_pre_argmax_from_soft_s2", "soft_pre_more_s2"),
-                ("hard_pre_from_soft_s2", "soft_pre_more_s2"),
                 ("hard_pre_argmax_from_soft_kd", "soft_pre"),
                 ("hard_pre_argmax_from_soft_kd", "soft_pre_more"),
                 ("hard_pre_argmax_from_soft_kd_s2", "soft_pre"),
                 ("hard_pre_argmax_from_soft_s3", "soft_pre_more_s3"),
+                ("hard_pre_from_soft_s3", "soft_pre_more_s3"),
+                ("hard_pre_argmax_from_soft_anneal_s3", "soft_pre_more_s3"),
+                ("hard_pre_argmax_from_soft_anneal_s4", "soft_pre_more_s4"),
                 ("hard_pre_argmax_s2", "soft_pre_s2"))
 
 # rows of the main table after the runs: fine-tunings and Table-4 switches, in this order
