@@ -11,7 +11,7 @@ Usage: experiments.py runs | finetunes | decodes      (tab-separated lines)
 """
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Dict, Tuple
 
@@ -66,15 +66,25 @@ class Decode:
         return dict(self.overrides, print_cps=True) if self.cps else self.overrides
 
 
+def reseeded(entry, seed: int):
+    """``entry`` (a Run or FineTune) trained with another seed (``name_sN``):
+    the noise of its result."""
+    return replace(entry, name=f"{entry.name}_s{seed}", flags=f"{entry.flags} --seed {seed}".strip(),
+                   what=f"{entry.what} (seed {seed})")
+
+
+# the parity recipe's presets (issue 18): pre-norm layers, hard and its soft counterpart
+SOFT_PRE = Run("soft_pre", "transformer_soft_prenorm_small", "", "soft baseline with pre-norm layers")
+HARD_PRE_ARGMAX = Run("hard_pre_argmax", "transformer_hard_dec_prenorm_small", "",
+                      "hard retrieval attention (decoder self- and cross-), the parity recipe: "
+                      "pre-norm layers, straight-through argmax in training")
+
 RUNS = (
     Run("soft", "transformer_soft_small", "", "soft baseline: fairseq's Transformer, small preset"),
     Run("hard", "transformer_hard_dec_small", "",
         "hard retrieval attention in decoder self- and cross-attention"),
-    # the parity recipe's presets (issue 18): pre-norm layers, hard and its soft counterpart
-    Run("soft_pre", "transformer_soft_prenorm_small", "", "soft baseline with pre-norm layers"),
-    Run("hard_pre_argmax", "transformer_hard_dec_prenorm_small", "",
-        "hard retrieval attention (decoder self- and cross-), the parity recipe: pre-norm layers, "
-        "straight-through argmax in training"),
+    SOFT_PRE,
+    HARD_PRE_ARGMAX,
     Run("cross_self", "transformer_cross_self_small", "",
         "cross+self attention over [final encoder; decoder] states"),
     Run("cross_self_layerwise", "transformer_cross_self_layerwise_small", "",
@@ -101,6 +111,35 @@ RUNS = (
     Run("hard_all", "transformer_hard_all_small", "", "ablation: hard retrieval in encoder self-attention too"),
 )
 
+# soft-to-hard conversion: the pre-norm soft model, 5 epochs (20 % of its
+# updates) with hard retrieval; its control continues soft the same way
+HARD_PRE_FROM_SOFT = FineTune(
+    "hard_pre_from_soft", "soft_pre", "transformer_hard_dec_prenorm_small", "--hard-train-retrieval sample",
+    "soft_pre converted to hard retrieval (keys sampled): 5 epochs of hard fine-tuning (20 % of its updates)",
+    **CONVERSION_SCHEDULE)
+HARD_PRE_ARGMAX_FROM_SOFT = FineTune(
+    "hard_pre_argmax_from_soft", "soft_pre", "transformer_hard_dec_prenorm_small", "",
+    "soft_pre converted to the parity recipe (straight-through argmax): 5 epochs of hard fine-tuning "
+    "(20 % of its updates)",
+    **CONVERSION_SCHEDULE)
+SOFT_PRE_MORE = FineTune(
+    "soft_pre_more", "soft_pre", "transformer_soft_prenorm_small", "",
+    "soft_pre, 5 more soft epochs as hard_pre_from_soft's (the control)", **CONVERSION_SCHEDULE)
+# the soft-to-hard curriculum inside the conversion: the hard share rises over
+# its first half (310 of 620 updates), as hard_pre_anneal's over ~half;
+# trained with seeds 3 and 4 only
+CURRICULUM_CONVERSION = FineTune(
+    "hard_pre_argmax_from_soft_anneal", "soft_pre", "transformer_hard_dec_prenorm_small",
+    "--hard-anneal-updates 310",
+    "hard_pre_argmax_from_soft with the soft-to-hard curriculum over its first 310 updates",
+    **CONVERSION_SCHEDULE)
+# the conversion taught by the soft model it starts from (word-level
+# distillation, α = 0.5): no more training budget than the conversion
+DISTILLED_CONVERSION = FineTune(
+    "hard_pre_argmax_from_soft_kd", "soft_pre", "transformer_hard_dec_prenorm_small", DISTILLATION,
+    "hard_pre_argmax_from_soft with word-level distillation from soft_pre (α = 0.5)",
+    **CONVERSION_SCHEDULE, teacher="soft_pre")
+
 FINETUNES = (
     FineTune("flexible_ft", "flexible", "transformer_flexible_small", GATE_LOSS,
              "flexible, fine-tuned 1 epoch with CE − 0.1·mean(g)"),
@@ -122,59 +161,23 @@ FINETUNES = (
              GATE_LOSS + " --flexible-train-threshold",
              "flexible_band_ft for 5 epochs (warmup 100, the last 2 averaged)",
              **CONVERSION_SCHEDULE),
-    # soft-to-hard conversion: the pre-norm soft model, 5 epochs (20 % of its
-    # updates) with hard retrieval; its control continues soft the same way
-    FineTune("hard_pre_from_soft", "soft_pre", "transformer_hard_dec_prenorm_small",
-             "--hard-train-retrieval sample",
-             "soft_pre converted to hard retrieval (keys sampled): 5 epochs of hard fine-tuning "
-             "(20 % of its updates)",
-             **CONVERSION_SCHEDULE),
-    FineTune("hard_pre_argmax_from_soft", "soft_pre", "transformer_hard_dec_prenorm_small", "",
-             "soft_pre converted to the parity recipe (straight-through argmax): 5 epochs of hard "
-             "fine-tuning (20 % of its updates)",
-             **CONVERSION_SCHEDULE),
+    HARD_PRE_FROM_SOFT,
+    HARD_PRE_ARGMAX_FROM_SOFT,
     # the conversions and their control with another fine-tuning seed (dropout,
     # batch order): the noise
-    FineTune("hard_pre_argmax_from_soft_s2", "soft_pre", "transformer_hard_dec_prenorm_small",
-             "--seed 2", "hard_pre_argmax_from_soft, fine-tuned with seed 2",
-             **CONVERSION_SCHEDULE),
-    FineTune("soft_pre_more_s2", "soft_pre", "transformer_soft_prenorm_small", "--seed 2",
-             "soft_pre_more with seed 2", **CONVERSION_SCHEDULE),
-    FineTune("soft_pre_more", "soft_pre", "transformer_soft_prenorm_small", "",
-             "soft_pre, 5 more soft epochs as hard_pre_from_soft's (the control)",
-             **CONVERSION_SCHEDULE),
+    reseeded(HARD_PRE_ARGMAX_FROM_SOFT, 2),
+    reseeded(SOFT_PRE_MORE, 2),
+    SOFT_PRE_MORE,
     # a third seed of the recipe's conversion with its own control, both from the
     # retrained soft_pre (the seed-2 control continued the lost one)
-    FineTune("hard_pre_argmax_from_soft_s3", "soft_pre", "transformer_hard_dec_prenorm_small",
-             "--seed 3", "hard_pre_argmax_from_soft, fine-tuned with seed 3",
-             **CONVERSION_SCHEDULE),
-    FineTune("soft_pre_more_s3", "soft_pre", "transformer_soft_prenorm_small", "--seed 3",
-             "soft_pre_more with seed 3", **CONVERSION_SCHEDULE),
-    FineTune("hard_pre_from_soft_s3", "soft_pre", "transformer_hard_dec_prenorm_small",
-             "--hard-train-retrieval sample --seed 3", "hard_pre_from_soft, fine-tuned with seed 3",
-             **CONVERSION_SCHEDULE),
-    # the soft-to-hard curriculum inside the conversion: the hard share rises
-    # over its first half (310 of 620 updates), as hard_pre_anneal's over ~half
-    FineTune("hard_pre_argmax_from_soft_anneal_s3", "soft_pre",
-             "transformer_hard_dec_prenorm_small", "--hard-anneal-updates 310 --seed 3",
-             "hard_pre_argmax_from_soft_s3 with the soft-to-hard curriculum over its first "
-             "310 updates",
-             **CONVERSION_SCHEDULE),
-    # its second seed, with a control of the same seed
-    FineTune("hard_pre_argmax_from_soft_anneal_s4", "soft_pre",
-             "transformer_hard_dec_prenorm_small", "--hard-anneal-updates 310 --seed 4",
-             "hard_pre_argmax_from_soft_anneal_s3 with seed 4", **CONVERSION_SCHEDULE),
-    FineTune("soft_pre_more_s4", "soft_pre", "transformer_soft_prenorm_small", "--seed 4",
-             "soft_pre_more with seed 4", **CONVERSION_SCHEDULE),
-    # the conversion taught by the soft model it starts from (word-level
-    # distillation, α = 0.5): no more training budget than the conversion
-    FineTune("hard_pre_argmax_from_soft_kd", "soft_pre", "transformer_hard_dec_prenorm_small",
-             DISTILLATION,
-             "hard_pre_argmax_from_soft with word-level distillation from soft_pre (α = 0.5)",
-             **CONVERSION_SCHEDULE, teacher="soft_pre"),
-    FineTune("hard_pre_argmax_from_soft_kd_s2", "soft_pre", "transformer_hard_dec_prenorm_small",
-             DISTILLATION + " --seed 2", "hard_pre_argmax_from_soft_kd, fine-tuned with seed 2",
-             **CONVERSION_SCHEDULE, teacher="soft_pre"),
+    reseeded(HARD_PRE_ARGMAX_FROM_SOFT, 3),
+    reseeded(SOFT_PRE_MORE, 3),
+    reseeded(HARD_PRE_FROM_SOFT, 3),
+    reseeded(CURRICULUM_CONVERSION, 3),
+    reseeded(CURRICULUM_CONVERSION, 4),
+    reseeded(SOFT_PRE_MORE, 4),
+    DISTILLED_CONVERSION,
+    reseeded(DISTILLED_CONVERSION, 2),
 )
 
 _FLEXIBLE = ("flexible", "flexible_ft", "flexible_band_ft", "flexible_gate32", "flexible_gate32_band_ft",
@@ -217,9 +220,8 @@ PARITY_RUNS = (
     Run("soft_pre_h8", "transformer_soft_prenorm_small", "--decoder-attention-heads 8",
         "soft, pre-norm, 8 decoder heads"),
     # the recipe and its soft counterpart with a second training seed: the gap's noise
-    Run("hard_pre_argmax_s2", "transformer_hard_dec_prenorm_small", "--seed 2",
-        "the parity recipe (hard_pre_argmax) trained with seed 2"),
-    Run("soft_pre_s2", "transformer_soft_prenorm_small", "--seed 2", "soft_pre trained with seed 2"),
+    reseeded(HARD_PRE_ARGMAX, 2),
+    reseeded(SOFT_PRE, 2),
 )
 # every run trained from scratch, and with its fine-tunings every trained run
 FROM_SCRATCH = RUNS + PARITY_RUNS
