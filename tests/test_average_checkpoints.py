@@ -1,11 +1,16 @@
-"""The checkpoint averaging tool: which epochs it averages, and its errors."""
+"""The checkpoint averaging tool (which epochs it averages, and its errors) and
+examples/multi30k/budget_view.sh, which scores a shorter budget of a long run
+with it."""
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import REPO, tool_env
 from fairseq_hardattn.tools.average_checkpoints import main
 
 
@@ -57,3 +62,45 @@ def test_too_few_checkpoints_is_an_error(tmp_path):
     with pytest.raises(SystemExit):
         main(["--inputs", str(run), "--num-epoch-checkpoints", "2",
               "--checkpoint-upper-bound", "1", "--output", str(tmp_path / "avg.pt")])
+
+
+def test_budget_view_scores_the_runs_that_reached_the_epoch(tmp_path):
+    """The view averages each run's checkpoints up to EPOCH, links the long
+    run's data, notes the budget and scores valid and test2016 (scoring is a
+    stand-in recording what it was asked; the real one is exercised elsewhere)."""
+    m30k = tmp_path / "repo" / "examples" / "multi30k"
+    m30k.mkdir(parents=True)
+    for name in ("common.sh", "budget_view.sh"):
+        (m30k / name).write_text((REPO / "examples" / "multi30k" / name).read_text())
+    journal = tmp_path / "journal"
+    (m30k / "evaluate.sh").write_text(
+        f'[ -f "$2/runs/$3/checkpoint_avg.pt" ] && echo "score ${{SUBSET:-test}} $3 $4" >> {journal}\n')
+    long = tmp_path / "long"
+    (long / "data-bin").mkdir(parents=True)
+    (long / "budget.json").write_text(json.dumps({"epochs": 60, "seed": 1}))
+    (long / "runs").mkdir()
+    write_run(long / "runs" / "soft", range(1, 9))
+    write_run(long / "runs" / "hard", range(1, 5))  # has not reached epoch 6
+    view = tmp_path / "view"
+
+    def budget_view(*args):
+        env = tool_env(AVERAGE_LAST="3")
+        env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
+        return subprocess.run(["bash", str(m30k / "budget_view.sh"), tmp_path / "data", long, *map(str, args)],
+                              env=env, capture_output=True, text=True, timeout=300)
+
+    proc = budget_view(6, view)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (view / "data-bin").resolve() == (long / "data-bin").resolve()
+    assert json.loads((view / "budget.json").read_text()) == {"epochs": 6, "seed": 1}
+    state = torch.load(view / "runs" / "soft" / "checkpoint_avg.pt")
+    assert torch.equal(state["model"]["w"], torch.full((2,), 5.0))  # epochs 4, 5, 6
+    assert not (view / "runs" / "hard").exists()
+    assert sorted(journal.read_text().splitlines()) == ["score test soft soft", "score valid soft soft"]
+
+    proc = budget_view(6, view, "hard")  # named: it must have reached the epoch
+    assert proc.returncode != 0
+    assert "no checkpoint6.pt (the run has reached epoch 4)" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    proc = budget_view(9, tmp_path / "view9")
+    assert proc.returncode == 2 and "no run of" in proc.stderr and "has reached epoch 9" in proc.stderr
