@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, tool_env
+from conftest import REPO, TRAIN_FLAGS, run_cli, tiny_dim_flags, tool_env
 from fairseq_hardattn.tools.average_checkpoints import main
 
 
@@ -104,3 +104,26 @@ def test_budget_view_scores_the_runs_that_reached_the_epoch(tmp_path):
     assert "Traceback" not in proc.stderr
     proc = budget_view(9, tmp_path / "view9")
     assert proc.returncode == 2 and "no run of" in proc.stderr and "has reached epoch 9" in proc.stderr
+
+
+def test_a_longer_run_holds_the_shorter_budget(reorder_data, tmp_path):
+    """What budget_view.sh relies on: --max-epoch changes nothing before the
+    run stops (inverse-sqrt schedule, seeds per update), so epoch 2 of a 3-epoch
+    run is the 2-epoch run, sampled hard retrieval included, and averaging up
+    to epoch 2 gives the short run's average."""
+    arch = "transformer_hard_dec"
+
+    def train(save_dir, epochs):
+        run_cli("fairseq-train", reorder_data, "--arch", arch, *TRAIN_FLAGS, *tiny_dim_flags(arch),
+                "--dropout", "0.3", "--max-epoch", epochs, "--save-dir", save_dir)
+
+    train(tmp_path / "short", 2)
+    train(tmp_path / "long", 3)
+    short = averaged(tmp_path / "short", tmp_path, "--num-epoch-checkpoints", "2")["model"]
+    (tmp_path / "avg.pt").unlink()
+    view = averaged(tmp_path / "long", tmp_path, "--num-epoch-checkpoints", "2",
+                    "--checkpoint-upper-bound", "2")["model"]
+    assert short.keys() == view.keys()
+    assert all(torch.equal(short[k], view[k]) for k in short)
+    last = torch.load(tmp_path / "long" / "checkpoint3.pt", weights_only=False)["model"]
+    assert not all(torch.equal(short[k], last[k]) for k in short)  # the long run went on
