@@ -102,6 +102,10 @@ def test_budget_view_scores_the_runs_that_reached_the_epoch(tmp_path):
     assert proc.returncode != 0
     assert "no checkpoint6.pt (the run has reached epoch 4)" in proc.stderr
     assert "Traceback" not in proc.stderr
+    (long / "runs" / "soft" / "checkpoint7.pt").unlink()  # as --keep-last-epochs deletes
+    proc = budget_view(8, tmp_path / "view8")
+    assert proc.returncode == 2
+    assert "soft: checkpoint7.pt was not kept (train the long run with KEEP_EPOCHS=-1)" in proc.stderr
     proc = budget_view(9, tmp_path / "view9")
     assert proc.returncode == 2 and "no run of" in proc.stderr and "has reached epoch 9" in proc.stderr
 

@@ -5,7 +5,8 @@
 # last AVERAGE_LAST checkpoints up to EPOCH gives the model that budget trains.
 # VIEW_DIR gets the long run's data (linked), each run's average at EPOCH and
 # its valid and test2016 scores, like a work dir of scripts/results.sh (read it
-# with scripts/results_table.py VIEW_DIR --print).
+# with scripts/results_table.py VIEW_DIR --print). The long run must keep its
+# epoch checkpoints: train it with KEEP_EPOCHS=-1 (common.sh).
 # Usage: budget_view.sh DATA_DIR LONG_WORK_DIR EPOCH VIEW_DIR [RUN...]
 #   (default: every run of LONG_WORK_DIR that has reached EPOCH)
 #   e.g. budget_view.sh ../shared/data/multi30k work/m30k_60ep 25 work/m30k_60ep_at25
@@ -33,6 +34,15 @@ budget["epochs"] = int(sys.argv[3])
 json.dump(budget, open(sys.argv[2], "w"))
 EOF
 for run in "${RUNS[@]}"; do
+  # a run that reached EPOCH but deleted the epochs before it (the averaging
+  # tool names a run that has not reached EPOCH)
+  for ((epoch = EPOCH - AVERAGE_LAST + 1; epoch < EPOCH; epoch++)); do
+    if [ "$epoch" -ge 1 ] && [ -f "$LONG/runs/$run/checkpoint$EPOCH.pt" ] \
+        && [ ! -f "$LONG/runs/$run/checkpoint$epoch.pt" ]; then
+      echo "budget_view.sh: $run: checkpoint$epoch.pt was not kept (train the long run with KEEP_EPOCHS=-1)" >&2
+      exit 2
+    fi
+  done
   if [ ! -f "$VIEW/runs/$run/checkpoint_avg.pt" ]; then
     mkdir -p "$VIEW/runs/$run"
     log "$run: averaging the last $AVERAGE_LAST epoch checkpoints up to epoch $EPOCH"

@@ -9,6 +9,7 @@
 : "${SEED:=1}"
 : "${MAX_TOKENS:=4096}"
 : "${AVERAGE_LAST:=5}"     # average the last N epoch checkpoints
+: "${KEEP_EPOCHS:=$AVERAGE_LAST}"  # epoch checkpoints kept (-1: all, for budget_view.sh)
 : "${BEAM:=4}"             # the hard-attention paper's beam
 : "${THREADS:=2}"
 : "${DEVICE:=cpu}"          # cuda: train and decode on the GPU (FP16=1: half precision)

@@ -16,7 +16,7 @@ if [ -f "$RUN/checkpoint_avg.pt" ]; then log "$NAME: already trained"; exit 0; f
 
 log "$NAME: training $ARCH for $EPOCHS epochs (log: $RUN/train.log)"
 fairseq-train "$WORK_DIR/data-bin" --arch "$ARCH" "${TRAIN_FLAGS[@]}" \
-  --save-dir "$RUN" --keep-last-epochs "$AVERAGE_LAST" "$@" \
+  --save-dir "$RUN" --keep-last-epochs "$KEEP_EPOCHS" "$@" \
   >> "$RUN/train.log" 2>&1
 log "$NAME: averaging the last $AVERAGE_LAST epoch checkpoints"
 python -m fairseq_hardattn.tools.average_checkpoints --inputs "$RUN" \
