@@ -15,7 +15,9 @@
 #   PARALLEL=2 trains and scores two runs at a time (one thread each: 1.7x the
 #   throughput of one two-thread run on 2 cores; PARALLEL=12 on one GPU); budget knobs in common.sh
 #   (EPOCHS, WARMUP, AVERAGE_LAST, ...); REFERENCE=OTHER_WORK_DIR adds that
-#   work dir's scores (e.g. a longer budget) to the README as a second table.
+#   work dir's scores (e.g. a longer budget) to the README as a second table;
+#   REPLACE_TABLES=1 writes the tables even where this work dir lacks scores
+#   they have (otherwise it prints its own).
 # Never time while anything else runs on the machine: the benchmarks here
 # run after all training has finished.
 set -euo pipefail
@@ -111,8 +113,15 @@ while IFS=$'\t' read -r name run overrides; do
 done < <("${EXPERIMENTS[@]}" decodes)
 wait
 
+# results/ and the README keep rows this work dir has not scored (a longer
+# budget's pair, say): then the work dir's scores are printed instead
 write_tables() {
-  python "$REPO/scripts/results_table.py" "$WORK_DIR" "$RESULTS" ${REFERENCE:+--reference "$REFERENCE"}
+  local replace=()
+  [ "${REPLACE_TABLES:-0}" = 1 ] && replace=(--replace)
+  python "$REPO/scripts/results_table.py" "$WORK_DIR" "$RESULTS" ${REFERENCE:+--reference "$REFERENCE"} \
+    "${replace[@]}" && return
+  log "tables not written (REPLACE_TABLES=1 writes them); the scores of $WORK_DIR:"
+  python "$REPO/scripts/results_table.py" "$WORK_DIR" --print
 }
 [ "${SKIP_BENCH:-0}" = 1 ] && { write_tables; exit 0; }
 

@@ -10,7 +10,9 @@ Usage: scripts/results_table.py WORK_DIR RESULTS_DIR [--reference OTHER_WORK_DIR
 the scores of another work dir (trained with another budget) as a second table;
 --short-budget adds a column of test2016 BLEU from another table's records
 (results.json of a shorter budget: for rows not yet trained with this one). ``WORK_DIR --print``
-only prints the BLEU table of a work dir.
+only prints the BLEU table of a work dir. Tables that score a run WORK_DIR has
+no score for are not overwritten (a work dir of a few runs would blank the
+others' rows) unless --replace is given.
 """
 
 import argparse
@@ -173,6 +175,8 @@ def main(argv=None):
                         help="records of a shorter budget's table: their BLEU as a column")
     parser.add_argument("--readme", type=Path, default=REPO / "README.md",
                         help="README whose results markers receive the table")
+    parser.add_argument("--replace", action="store_true",
+                        help="write the tables even where WORK lacks scores the current ones have")
     args = parser.parse_args(argv)
     work, results = args.work, args.results
     if args.print:
@@ -249,6 +253,14 @@ def main(argv=None):
                 f"({args.short_budget.name}), for the rows not yet trained with this one."
                 if short is not None else "")
              + "\n" + cps_table(work) + (reference_table(args.reference) if args.reference else ""))
+    # a work dir of a few runs (e.g. a longer budget's) would blank the others' rows
+    scored = {r["name"] for r in records if r["bleu_tok_lc"] is not None}
+    lost = [r["name"] for r in load(results / "results.json") or []
+            if r.get("bleu_tok_lc") is not None and r["name"] not in scored]
+    if lost and not args.replace:
+        parser.error(f"{work} has no scores for {len(lost)} run(s) the tables in {results} score "
+                     f"({', '.join(lost[:4])}{', ...' if len(lost) > 4 else ''}): not overwriting them "
+                     "(--replace to write anyway; --print to show this work dir's scores)")
     parity = parity_table(work)
     if parity:
         (results / "hard_parity.md").write_text(

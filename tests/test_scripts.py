@@ -229,6 +229,17 @@ def test_results_table_fills_the_readme_markers(tmp_path):
     assert "| 4.5 | 70% | 30.00 |" in text  # CPS, fewer score computations than global, BLEU
     records = json.loads((results / "results.json").read_text())
     assert {r["name"] for r in records} == {"soft", "hard", "soft_pre"}
+    # a work dir of a few runs (e.g. a longer budget's) does not blank the other rows
+    partial = tmp_path / "partial"
+    (partial / "results").mkdir(parents=True)
+    (partial / "results" / "hard.json").write_text(json.dumps({"sentences": 10, "bleu_tok_lc": 31.0,
+                                                               "sacrebleu": 30.9}))
+    proc = script("results_table.py", partial, results, "--readme", readme, check=False)
+    assert proc.returncode != 0 and "no scores for 2 run(s)" in proc.stderr
+    assert "soft, soft_pre" in proc.stderr and "Traceback" not in proc.stderr
+    assert readme.read_text() == text and json.loads((results / "results.json").read_text()) == records
+    script("results_table.py", partial, results, "--readme", readme, "--replace")
+    assert "31.00" in readme.read_text() and "30.50" not in readme.read_text()
 
 
 def test_results_table_short_budget_column_and_parity_table(tmp_path):
@@ -331,6 +342,9 @@ def test_results_sh_starts_each_fine_tuning_once_its_start_run_is_trained(tmp_pa
     for name in ("common.sh", "experiments.py"):
         (m30k / name).write_text((REPO / "examples" / "multi30k" / name).read_text())
     (repo / "README.md").write_text("<!-- results:start -->\n<!-- results:end -->\n")
+    # tables that score a run this work dir does not are kept, its scores printed
+    (repo / "results").mkdir()
+    (repo / "results" / "results.json").write_text(json.dumps([{"name": "aan", "bleu_tok_lc": 22.5}]))
     (m30k / "prepare.sh").write_text("true\n")
     journal = tmp_path / "journal"
     (m30k / "train.sh").write_text(
@@ -361,3 +375,6 @@ def test_results_sh_starts_each_fine_tuning_once_its_start_run_is_trained(tmp_pa
         assert {("test", name, name), ("valid", name, name)} <= scored
     assert ("test", "soft", "fairseq") in scored and ("test", "flexible", "flexible_auto") in scored
     assert not any(run == "soft_pre" for _, run, _ in scored)
+    assert "tables not written (REPLACE_TABLES=1 writes them)" in proc.stderr
+    assert (repo / "README.md").read_text() == "<!-- results:start -->\n<!-- results:end -->\n"
+    assert json.loads((repo / "results" / "results.json").read_text())[0]["name"] == "aan"
