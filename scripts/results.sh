@@ -116,10 +116,11 @@ wait
 # results/ and the README keep rows this work dir has not scored (a longer
 # budget's pair, say): then the work dir's scores are printed instead
 write_tables() {
-  local replace=()
+  local replace=() status=0
   [ "${REPLACE_TABLES:-0}" = 1 ] && replace=(--replace)
   python "$REPO/scripts/results_table.py" "$WORK_DIR" "$RESULTS" ${REFERENCE:+--reference "$REFERENCE"} \
-    "${replace[@]}" && return
+    "${replace[@]}" || status=$?
+  [ "$status" = 3 ] || return "$status"  # 3: tables kept (results_table.py); any other failure stops
   log "tables not written (REPLACE_TABLES=1 writes them); the scores of $WORK_DIR:"
   python "$REPO/scripts/results_table.py" "$WORK_DIR" --print
 }

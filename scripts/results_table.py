@@ -22,6 +22,7 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+KEPT_TABLES_STATUS = 3  # exit status: tables kept, WORK lacks scores they have (results.sh)
 
 
 def _manifest():
@@ -235,6 +236,17 @@ def main(argv=None):
             f"{fmt(record['base_speed_vs_soft'], '.2f')}{'x' if record['base_speed_vs_soft'] else ''} | "
             f"{fmt(record['train_speed_vs_soft'], '.2f')}{'x' if record['train_speed_vs_soft'] else ''} | "
             f"{fmt(record['peak_mb_train'], '.0f')} / {fmt(record['peak_mb_decode'], '.0f')} |")
+    # a work dir of a few runs (e.g. a longer budget's) would blank the others' rows;
+    # its own status, so that results.sh tells this refusal from a failure
+    scored = {r["name"] for r in records if r["bleu_tok_lc"] is not None}
+    lost = [r["name"] for r in load(results / "results.json") or []
+            if r.get("bleu_tok_lc") is not None and r["name"] not in scored]
+    if lost and not args.replace:
+        parser.exit(KEPT_TABLES_STATUS,
+                    f"{parser.prog}: error: {work} has no scores for {len(lost)} run(s) the tables in "
+                    f"{results} score ({', '.join(lost[:4])}{', ...' if len(lost) > 4 else ''}): "
+                    "not overwriting them (--replace to write anyway; --print to show this work "
+                    "dir's scores)\n")
     short_column = " test2016 BLEU, short budget |" if short is not None else ""
     header = (
         "| run | what it changes | test2016 BLEU (tok, lc) | sacreBLEU (lc) |" + short_column
@@ -253,14 +265,6 @@ def main(argv=None):
                 f"({args.short_budget.name}), for the rows not yet trained with this one."
                 if short is not None else "")
              + "\n" + cps_table(work) + (reference_table(args.reference) if args.reference else ""))
-    # a work dir of a few runs (e.g. a longer budget's) would blank the others' rows
-    scored = {r["name"] for r in records if r["bleu_tok_lc"] is not None}
-    lost = [r["name"] for r in load(results / "results.json") or []
-            if r.get("bleu_tok_lc") is not None and r["name"] not in scored]
-    if lost and not args.replace:
-        parser.error(f"{work} has no scores for {len(lost)} run(s) the tables in {results} score "
-                     f"({', '.join(lost[:4])}{', ...' if len(lost) > 4 else ''}): not overwriting them "
-                     "(--replace to write anyway; --print to show this work dir's scores)")
     parity = parity_table(work)
     if parity:
         (results / "hard_parity.md").write_text(
