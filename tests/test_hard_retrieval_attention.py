@@ -11,6 +11,7 @@ from fairseq_hardattn.modules import (
     StraightThroughRetrieval,
     sample_key_indices,
     sentence_groups,
+    tempered,
 )
 
 EMBED, HEADS = 16, 2
@@ -336,9 +337,41 @@ def test_annealing_starts_soft_and_ends_hard():
     assert torch.equal(positions, positions.round())  # every row retrieved one key
 
 
+def test_cooling_samples_at_first_and_ends_with_the_argmax():
+    torch.manual_seed(0)
+    attn = position_revealing_attention(train_retrieval="argmax", cooling_updates=100)
+    key = keys_with_positions(6, 2)
+    # small queries: broad distributions, so a draw at temperature 1 often misses the argmax
+    query = 0.05 * torch.randn(50, 2, EMBED, dtype=torch.float64)
+    inferred = retrieved_positions(attn.eval()(query, key, key, static_kv=True)[0])
+    attn.train()
+    schedule = []
+    for updates in (0, 50, 100, 200):
+        attn.set_num_updates(updates)
+        schedule.append(attn.sampling_temperature())
+        trained = retrieved_positions(attn(query, key, key, static_kv=True)[0])
+        if updates == 0:
+            assert (trained != inferred).float().mean() > 0.5
+    assert schedule == [1.0, 0.5, 0.0, 0.0]
+    assert torch.equal(trained, inferred)
+
+
+def test_tempered_weights_are_the_powers_of_the_weights_with_zeros_kept():
+    weights = torch.tensor([[0.0, 0.2, 0.4, 0.1], [0.5, 0.5, 0.0, 0.0]], dtype=torch.float64)
+    assert tempered(weights, 1.0) is weights
+    squared = tempered(weights, 0.5)
+    torch.testing.assert_close(squared, weights ** 2 / (weights ** 2).amax(-1, keepdim=True))
+    # far below any power that float underflow would allow: still one key per row left
+    cold = tempered(weights, 1e-4)
+    torch.testing.assert_close(cold, torch.tensor([[0.0, 0.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]],
+                                                  dtype=torch.float64))
+
+
 @pytest.mark.parametrize("options, message", [
     (dict(train_retrieval="gumbel"), "train_retrieval must be one of"),
     (dict(anneal_updates=-1), "anneal_updates must be >= 0"),
+    (dict(train_retrieval="argmax", cooling_updates=-1), "cooling_updates must be >= 0"),
+    (dict(train_retrieval="sample", cooling_updates=10), "needs train_retrieval='argmax'"),
 ])
 def test_training_options_are_validated(options, message):
     with pytest.raises(ValueError, match=message):

@@ -98,6 +98,24 @@ def test_unknown_attention_kind_is_a_config_error():
         build_model("transformer_hard_dec", dec_cross_attn_kind="fuzzy")
 
 
+def test_the_cooling_option_reaches_every_hard_retrieval_module():
+    model = build_model("transformer_hard_dec_prenorm_small", hard_cooling_updates=40)
+    hard = [m for m in model.modules() if isinstance(m, HardRetrievalAttention)]
+    assert len(hard) == 2 * model.decoder.num_layers  # decoder self- and cross-attention
+    model.set_num_updates(10)  # fairseq's trainer, before each update
+    assert all(m.cooling_updates == 40 and m.sampling_temperature() == 0.75 for m in hard)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(hard_cooling_updates=-1), "--hard-cooling-updates must be >= 0, got -1"),
+    (dict(hard_cooling_updates=10, hard_train_retrieval="sample"),
+     "--hard-cooling-updates cools sampling into the argmax: it needs --hard-train-retrieval argmax"),
+])
+def test_cooling_options_are_config_errors(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        build_model("transformer_hard_dec_prenorm_small", **overrides)
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_incremental_decoding_equals_full_forward(arch):
     torch.manual_seed(0)

@@ -133,6 +133,13 @@ CURRICULUM_CONVERSION = FineTune(
     "--hard-anneal-updates 310",
     "hard_pre_argmax_from_soft with the soft-to-hard curriculum over its first 310 updates",
     **CONVERSION_SCHEDULE)
+# sampling cooled into the argmax inside the conversion: the temperature falls
+# from 1 to 0 over its first half (310 of 620 updates), as hard_pre_cool's over ~half
+COOLED_CONVERSION = FineTune(
+    "hard_pre_argmax_from_soft_cool", "soft_pre", "transformer_hard_dec_prenorm_small",
+    "--hard-cooling-updates 310",
+    "hard_pre_argmax_from_soft with sampling cooled into the argmax over its first 310 updates",
+    **CONVERSION_SCHEDULE)
 # the conversion taught by the soft model it starts from (word-level
 # distillation, α = 0.5): no more training budget than the conversion
 DISTILLED_CONVERSION = FineTune(
@@ -178,6 +185,8 @@ FINETUNES = (
     reseeded(SOFT_PRE_MORE, 4),
     DISTILLED_CONVERSION,
     reseeded(DISTILLED_CONVERSION, 2),
+    COOLED_CONVERSION,
+    reseeded(COOLED_CONVERSION, 2),
 )
 
 _FLEXIBLE = ("flexible", "flexible_ft", "flexible_band_ft", "flexible_gate32", "flexible_gate32_band_ft",
@@ -208,12 +217,16 @@ DECODES = (
 # budget as every run; hard and soft variants side by side. The _prenorm
 # presets are the plain ones with --encoder-normalize-before
 # --decoder-normalize-before (the same models: tests/test_models.py)
+HARD_PRE_COOL = Run("hard_pre_cool", "transformer_hard_dec_prenorm_small", "--hard-cooling-updates 1500",
+                    "hard, pre-norm, sampling cooled into the argmax over the first 1500 updates (~half)")
 PARITY_RUNS = (
     Run("hard_pre", "transformer_hard_dec_prenorm_small", "--hard-train-retrieval sample",
         "hard, pre-norm, keys sampled in training (the paper's)"),
     Run("hard_pre_anneal", "transformer_hard_dec_prenorm_small",
         "--hard-train-retrieval sample --hard-anneal-updates 1500",
         "hard, pre-norm, soft-to-hard curriculum over the first 1500 updates (~half)"),
+    HARD_PRE_COOL,
+    reseeded(HARD_PRE_COOL, 2),
     Run("hard_pre_h8", "transformer_hard_dec_prenorm_small",
         "--hard-train-retrieval sample --decoder-attention-heads 8",
         "hard, pre-norm, 8 decoder heads (of 16 dims)"),
@@ -240,7 +253,10 @@ PARITY_PAIRS = (("hard", "soft"), ("hard_pre", "soft_pre"), ("hard_pre_argmax", 
                 ("hard_pre_from_soft_s3", "soft_pre_more_s3"),
                 ("hard_pre_argmax_from_soft_anneal_s3", "soft_pre_more_s3"),
                 ("hard_pre_argmax_from_soft_anneal_s4", "soft_pre_more_s4"),
-                ("hard_pre_argmax_s2", "soft_pre_s2"))
+                ("hard_pre_argmax_s2", "soft_pre_s2"),
+                ("hard_pre_cool", "soft_pre"), ("hard_pre_cool_s2", "soft_pre_s2"),
+                ("hard_pre_argmax_from_soft_cool", "soft_pre_more"),
+                ("hard_pre_argmax_from_soft_cool_s2", "soft_pre_more_s2"))
 
 # rows of the main table after the runs: fine-tunings and Table-4 switches, in this order
 TABLE_EXTRA_ROWS = ("fairseq", "hard_pre_argmax_from_soft", "hard_pre_argmax_from_soft_kd",

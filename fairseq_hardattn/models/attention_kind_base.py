@@ -117,7 +117,8 @@ def kind_options(kind, cfg):
     """Constructor options an attention kind adds to MultiheadAttention's."""
     if issubclass(kind, HardRetrievalAttention):
         return dict(train_retrieval=cfg.hard_train_retrieval,
-                    anneal_updates=cfg.hard_anneal_updates)
+                    anneal_updates=cfg.hard_anneal_updates,
+                    cooling_updates=cfg.hard_cooling_updates)
     return {}
 
 
@@ -273,6 +274,11 @@ class AttentionKindTransformerModel(ClearCheckpointErrors, TransformerModel):
                             help="soft-to-hard curriculum: over the first N updates a rising "
                                  "share (updates/N) of training queries retrieves hard, the "
                                  "others attend softly (default 0: hard from the start)")
+        parser.add_argument("--hard-cooling-updates", type=int, metavar="N",
+                            help="sampling-to-argmax curriculum (with --hard-train-retrieval "
+                                 "argmax): over the first N updates keys are sampled at a "
+                                 "temperature falling linearly from 1 to 0, the argmax from "
+                                 "then on (default 0: the argmax from the start)")
 
     @classmethod
     def validate_args(cls, args):
@@ -282,6 +288,11 @@ class AttentionKindTransformerModel(ClearCheckpointErrors, TransformerModel):
                               f"got {args.decoding_engine!r}")
         if args.hard_anneal_updates < 0:
             raise ConfigError(f"--hard-anneal-updates must be >= 0, got {args.hard_anneal_updates}")
+        if args.hard_cooling_updates < 0:
+            raise ConfigError(f"--hard-cooling-updates must be >= 0, got {args.hard_cooling_updates}")
+        if args.hard_cooling_updates and args.hard_train_retrieval != "argmax":
+            raise ConfigError("--hard-cooling-updates cools sampling into the argmax: it needs "
+                              "--hard-train-retrieval argmax (the default of the _prenorm presets)")
         for option, reason in cls.replaced_sublayers.items():
             if getattr(args, option, None) != REPLACED:
                 raise ConfigError(f"{flag(option)} does not apply to {model_name(args)}: {reason}")
@@ -339,7 +350,7 @@ def base_architecture(args):
     """Transformer Base dims; every kind soft unless an option says otherwise."""
     set_defaults(args, **{option: "soft" for option in ATTENTION_KIND_OPTIONS})
     set_defaults(args, hard_train_retrieval="sample", hard_anneal_updates=0,
-                 decoding_engine="dynamic")
+                 hard_cooling_updates=0, decoding_engine="dynamic")
     fairseq_base_architecture(args)
 
 

@@ -18,6 +18,7 @@ from .hard_retrieval_attention import (
     HardRetrievalAttention,
     StraightThroughRetrieval,
     sample_key_indices,
+    tempered,
 )
 from .local_attention import LocalAttention
 from .soft_attention import SoftAttention
@@ -48,4 +49,5 @@ __all__ = [
     "SoftAttention",
     "StraightThroughRetrieval",
     "sample_key_indices",
+    "tempered",
 ]

@@ -75,6 +75,17 @@ def sample_key_indices(weights: Tensor) -> Tensor:
     return indices.clamp_(max=weights.size(-1) - 1)
 
 
+def tempered(weights: Tensor, temperature: float) -> Tensor:
+    """Non-negative ``weights`` (..., S) raised to 1/``temperature``, each row
+    rescaled to a maximum of 1 (in log space: small temperatures would
+    underflow every weight). Zero weights (masked keys) stay zero; every row
+    needs a positive weight."""
+    if temperature == 1.0:
+        return weights
+    log_weights = weights.log() / temperature
+    return (log_weights - log_weights.amax(dim=-1, keepdim=True)).exp()
+
+
 def queries_without_keys(
     attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor]
 ) -> Optional[Tensor]:
@@ -107,7 +118,11 @@ class HardRetrievalAttention(CachedProjectionAttention):
     ``anneal_updates`` N: over the first N updates each query row (per head)
     is retrieved hard with probability num_updates / N and attends softly
     (P·V) otherwise, a curriculum from soft to hard attention; 0: hard from
-    the start. Both leave inference unchanged.
+    the start. ``cooling_updates`` M (with ``train_retrieval="argmax"``): over
+    the first M updates keys are sampled from P at a temperature falling
+    linearly from 1 (the paper's sampling) to 0 (the argmax), a curriculum from
+    sampling to the argmax that decoding takes; 0: the argmax from the start.
+    All leave inference unchanged.
 
     A query with no unmasked key (all-masked row) attends to nothing: its
     output is zero before the output projection, in training and inference.
@@ -122,7 +137,7 @@ class HardRetrievalAttention(CachedProjectionAttention):
     """
 
     def __init__(self, *args, train_retrieval: str = "sample", anneal_updates: int = 0,
-                 **kwargs):
+                 cooling_updates: int = 0, **kwargs):
         super().__init__(*args, **kwargs)
         if train_retrieval not in TRAIN_RETRIEVALS:
             raise ValueError(f"hard retrieval attention: train_retrieval must be one of "
@@ -130,8 +145,15 @@ class HardRetrievalAttention(CachedProjectionAttention):
         if anneal_updates < 0:
             raise ValueError(f"hard retrieval attention: anneal_updates must be >= 0, "
                              f"got {anneal_updates}")
+        if cooling_updates < 0:
+            raise ValueError(f"hard retrieval attention: cooling_updates must be >= 0, "
+                             f"got {cooling_updates}")
+        if cooling_updates and train_retrieval != "argmax":
+            raise ValueError("hard retrieval attention: cooling_updates cools sampling into "
+                             "the argmax: it needs train_retrieval='argmax'")
         self.train_retrieval = train_retrieval
         self.anneal_updates = anneal_updates
+        self.cooling_updates = cooling_updates
         self.num_updates = 0
 
     def set_num_updates(self, num_updates: int):
@@ -143,6 +165,15 @@ class HardRetrievalAttention(CachedProjectionAttention):
         if self.anneal_updates == 0:
             return 1.0
         return min(1.0, self.num_updates / self.anneal_updates)
+
+    def sampling_temperature(self) -> float:
+        """Temperature of the training draw from P: 1 samples as the paper,
+        0 takes the argmax."""
+        if self.train_retrieval == "sample":
+            return 1.0
+        if self.cooling_updates == 0:
+            return 0.0
+        return max(0.0, 1.0 - self.num_updates / self.cooling_updates)
 
     def attend(self, query, p, incremental_state, attn_mask, need_weights, need_head_weights):
         q, k, v, key_padding_mask, kv_bsz, tgt_len, bsz = p
@@ -198,10 +229,11 @@ class HardRetrievalAttention(CachedProjectionAttention):
         sampling_weights = dropped.detach()
         if dropped is not probs:
             sampling_weights = sampling_weights + _ALL_DROPPED_FALLBACK_EPS * probs.detach()
-        if self.train_retrieval == "argmax":
+        temperature = self.sampling_temperature()
+        if temperature == 0.0:
             indices = scores.argmax(dim=-1)
         else:
-            indices = sample_key_indices(sampling_weights)
+            indices = sample_key_indices(tempered(sampling_weights, temperature))
         out = StraightThroughRetrieval.apply(dropped, v, indices)
         share = self.hard_share()
         if share < 1.0:
