@@ -41,7 +41,7 @@ selected() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
 
 # --- training (resumable; PARALLEL at a time) ------------------------------------
 # runs first, then fine-tunings, each as soon as its start run (and teacher) is
-# trained: a fine-tuning continues a trained run at a peak lr of 1e-3 (fixed,
+# trained: a fine-tuning continues a trained run at its peak lr (fixed,
 # or inverse-sqrt after a warmup), e.g. one epoch with the gate loss, or a soft
 # checkpoint converted to hard retrieval, distilled from a teacher where one is
 # named. A failed job is logged and leaves its run untrained; the rest go on.
@@ -55,15 +55,15 @@ train_run() {
     || log "$name: training failed (see $WORK_DIR/runs/$name/train.log)"
 }
 finetune() {
-  local name start arch epochs average warmup teacher flags schedule distill=()
-  IFS=$'\t' read -r name start arch epochs average warmup teacher flags <<< "$1"
+  local name start arch epochs average warmup lr teacher flags schedule distill=()
+  IFS=$'\t' read -r name start arch epochs average warmup lr teacher flags <<< "$1"
   schedule=(LR_SCHEDULER=fixed)
   [ "$warmup" -gt 0 ] && schedule=(LR_SCHEDULER=inverse_sqrt WARMUP="$warmup")
   [ "$teacher" != - ] && distill=(--distill-teacher "$WORK_DIR/runs/$teacher/checkpoint_avg.pt")
   # shellcheck disable=SC2086
   env THREADS="$JOB_THREADS" EPOCHS="$epochs" AVERAGE_LAST="$average" "${schedule[@]}" \
     bash "$M30K/train.sh" "$WORK_DIR" "$name" "$arch" \
-    --finetune-from-model "$WORK_DIR/runs/$start/checkpoint_avg.pt" --lr 0.001 "${distill[@]}" $flags \
+    --finetune-from-model "$WORK_DIR/runs/$start/checkpoint_avg.pt" --lr "$lr" "${distill[@]}" $flags \
     || log "$name: fine-tuning failed (see $WORK_DIR/runs/$name/train.log)"
 }
 mapfile -t RUNS < <("${EXPERIMENTS[@]}" runs)
@@ -80,7 +80,7 @@ done
 while [ "${#pending[@]}" -gt 0 ]; do
   waiting=()
   for line in "${pending[@]}"; do
-    IFS=$'\t' read -r _ start _ _ _ _ teacher _ <<< "$line"
+    IFS=$'\t' read -r _ start _ _ _ _ _ teacher _ <<< "$line"
     if trained "$start" && { [ "$teacher" = - ] || trained "$teacher"; }; then
       wait_for_slot
       finetune "$line" &

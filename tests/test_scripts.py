@@ -309,6 +309,7 @@ def test_the_experiment_manifest_answers_the_scripts(tmp_path):
     assert len(names) == len(set(names))
     assert all(start in runs for _, start, *_ in finetunes)
     assert all(teacher == "-" or teacher in runs for *_, teacher, _ in finetunes)
+    assert all(float(lr) > 0 for *_, lr, _, _ in finetunes)
     assert any(teacher != "-" for *_, teacher, _ in finetunes)
     trained = runs | {f[0] for f in finetunes}
     assert all(run in trained for _, run, _ in decodes)
@@ -366,6 +367,7 @@ def test_results_sh_starts_each_fine_tuning_once_its_start_run_is_trained(tmp_pa
         begin = next(i for i, e in enumerate(events) if e.startswith(f"start {finetune} "))
         assert events.index(f"end {start}") < begin
         assert f"--finetune-from-model {tmp_path / 'work'}/runs/{start}/checkpoint_avg.pt" in events[begin]
+        assert " --lr 0.001 " in f"{events[begin]} "  # the manifest's peak lr
     for skipped in ("hard_pre_from_soft", "hard_pre_argmax_from_soft_kd"):
         assert f"{skipped}: skipped (its start run or teacher is not trained)" in proc.stderr
     assert "soft_pre: training failed" in proc.stderr

@@ -37,7 +37,7 @@ class Run:
 class FineTune:
     """Continues ``start``'s averaged checkpoint (``--finetune-from-model``,
     which builds from these options: repeat the start's own, e.g. a gate size)
-    for ``epochs`` at a peak lr of 1e-3, averaging the last ``average`` epoch
+    for ``epochs`` at a peak ``lr``, averaging the last ``average`` epoch
     checkpoints; ``warmup`` 0: a fixed lr, else inverse-sqrt after that many
     warmup updates; ``teacher``: a trained run distilled from
     (``--distill-teacher`` its averaged checkpoint; give the criterion in ``flags``)."""
@@ -50,6 +50,7 @@ class FineTune:
     average: int = 1
     warmup: int = 0
     teacher: str = ""
+    lr: float = 1e-3
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,23 @@ DISTILLED_CONVERSION = FineTune(
     "hard_pre_argmax_from_soft_kd", "soft_pre", "transformer_hard_dec_prenorm_small", DISTILLATION,
     "hard_pre_argmax_from_soft with word-level distillation from soft_pre (α = 0.5)",
     **CONVERSION_SCHEDULE, teacher="soft_pre")
+# where the gap comes from: the conversion with hard retrieval in one decoder
+# attention only, the other kept soft
+SELF_ONLY_CONVERSION = FineTune(
+    "hard_pre_self_from_soft", "soft_pre", "transformer_hard_dec_prenorm_small", "--dec-cross-attn-kind soft",
+    "hard_pre_argmax_from_soft with hard retrieval in decoder self-attention only (cross-attention soft)",
+    **CONVERSION_SCHEDULE)
+CROSS_ONLY_CONVERSION = FineTune(
+    "hard_pre_cross_from_soft", "soft_pre", "transformer_hard_dec_prenorm_small", "--dec-self-attn-kind soft",
+    "hard_pre_argmax_from_soft with hard retrieval in decoder cross-attention only (self-attention soft)",
+    **CONVERSION_SCHEDULE)
+# a gentler conversion schedule: a peak lr of 3e-4 (a quarter of where a
+# 60-epoch training ends), and its control continued soft the same way
+GENTLE_CONVERSION = replace(
+    HARD_PRE_ARGMAX_FROM_SOFT, name="hard_pre_argmax_from_soft_lr3e4", lr=3e-4,
+    what="hard_pre_argmax_from_soft at a peak lr of 3e-4")
+GENTLE_CONTROL = replace(SOFT_PRE_MORE, name="soft_pre_more_lr3e4", lr=3e-4,
+                         what="soft_pre_more at a peak lr of 3e-4 (hard_pre_argmax_from_soft_lr3e4's control)")
 
 FINETUNES = (
     FineTune("flexible_ft", "flexible", "transformer_flexible_small", GATE_LOSS,
@@ -187,6 +205,12 @@ FINETUNES = (
     reseeded(DISTILLED_CONVERSION, 2),
     COOLED_CONVERSION,
     reseeded(COOLED_CONVERSION, 2),
+    SELF_ONLY_CONVERSION,
+    reseeded(SELF_ONLY_CONVERSION, 2),
+    CROSS_ONLY_CONVERSION,
+    reseeded(CROSS_ONLY_CONVERSION, 2),
+    GENTLE_CONVERSION,
+    GENTLE_CONTROL,
 )
 
 _FLEXIBLE = ("flexible", "flexible_ft", "flexible_band_ft", "flexible_gate32", "flexible_gate32_band_ft",
@@ -256,7 +280,11 @@ PARITY_PAIRS = (("hard", "soft"), ("hard_pre", "soft_pre"), ("hard_pre_argmax", 
                 ("hard_pre_argmax_s2", "soft_pre_s2"),
                 ("hard_pre_cool", "soft_pre"), ("hard_pre_cool_s2", "soft_pre_s2"),
                 ("hard_pre_argmax_from_soft_cool", "soft_pre_more"),
-                ("hard_pre_argmax_from_soft_cool_s2", "soft_pre_more_s2"))
+                ("hard_pre_argmax_from_soft_cool_s2", "soft_pre_more_s2"),
+                ("hard_pre_self_from_soft", "soft_pre_more"), ("hard_pre_self_from_soft_s2", "soft_pre_more_s2"),
+                ("hard_pre_cross_from_soft", "soft_pre_more"),
+                ("hard_pre_cross_from_soft_s2", "soft_pre_more_s2"),
+                ("hard_pre_argmax_from_soft_lr3e4", "soft_pre_more_lr3e4"))
 
 # rows of the main table after the runs: fine-tunings and Table-4 switches, in this order
 TABLE_EXTRA_ROWS = ("fairseq", "hard_pre_argmax_from_soft", "hard_pre_argmax_from_soft_kd",
@@ -463,7 +491,7 @@ def main(argv):
         lines = [f"{r.name}\t{r.arch}\t{r.flags}" for r in FROM_SCRATCH]
     elif command == "finetunes":
         lines = [f"{f.name}\t{f.start}\t{f.arch}\t{f.epochs}\t{f.average}\t{f.warmup}\t"
-                 f"{f.teacher or '-'}\t{f.flags}" for f in FINETUNES]
+                 f"{f.lr:g}\t{f.teacher or '-'}\t{f.flags}" for f in FINETUNES]
     elif command == "decodes":
         lines = [f"{d.name}\t{d.run}\t{d.model_overrides()!r}" for d in DECODES]
     elif command == "benchmarks":
