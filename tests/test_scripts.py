@@ -63,6 +63,23 @@ def test_benchmark_random_weights_side_by_side(tmp_path):
     assert "[benchmark]" in proc.stderr  # progress
 
 
+def test_benchmark_caps_output_length_as_fairseq_generate(tmp_path):
+    """--max-len-a/--max-len-b bound every output as fairseq-generate's do
+    (random weights rarely end early); with --fixed-output-len they are an error."""
+    common = ("--arch", "soft=transformer_soft_small", "--vocab", 60, "--src-len", 7,
+              "--num-sentences", 6, "--batch-size", 3, "--reps", 1, "--threads", 1)
+    out = tmp_path / "bench.json"
+    script("benchmark_decoding.py", *common, "--max-len-a", 0.5, "--max-len-b", 1, "--json", out)
+    capped = json.loads(out.read_text())["results"][0]["generated_tokens"]
+    assert 6 <= capped <= 6 * (int(0.5 * 7 + 1) + 1)  # the limit and EOS
+    script("benchmark_decoding.py", *common, "--json", out)
+    assert json.loads(out.read_text())["results"][0]["generated_tokens"] > capped
+    proc = script("benchmark_decoding.py", *common, "--fixed-output-len", 4, "--max-len-b", 3, check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "benchmark: error: --fixed-output-len sets the output length: drop --max-len-a/--max-len-b")
+
+
 def test_attention_step_costs_side_by_side(tmp_path):
     out = tmp_path / "steps.json"
     tiny = ("--embed-dim", 32, "--heads", 4, "--batch", 3, "--beam", 2, "--steps", 4,

@@ -20,9 +20,10 @@ import torch
 
 from ..errors import ConfigError
 from ..models.decoding_engine import ENGINES
-from .fixtures import (DTYPES, DictionaryTask, check_device, load_models, parse_model_specs,
-                       random_batches, set_decoding_engine, setup_translation_task,
-                       synthetic_dictionary, test_batches, to_device, training_batches)
+from .fixtures import (DTYPES, GENERATE_MAX_LEN, DictionaryTask, check_device, load_models,
+                       parse_model_specs, random_batches, set_decoding_engine,
+                       setup_translation_task, synthetic_dictionary, test_batches, to_device,
+                       training_batches)
 from .reporting import markdown_table, report, write_outputs
 from .timing import benchmark_decoding, benchmark_training, profile_sublayers
 
@@ -48,6 +49,11 @@ def build_parser():
     p.add_argument("--src-len", type=int, help="random sources of this length instead of --data's")
     p.add_argument("--num-sentences", type=int, default=256, help="with --src-len")
     p.add_argument("--fixed-output-len", type=int, help="generate exactly this many tokens")
+    p.add_argument("--max-len-a", type=float,
+                   help="as fairseq-generate's: outputs of at most a * source length + b tokens "
+                        f"(default {GENERATE_MAX_LEN[0]:g})")
+    p.add_argument("--max-len-b", type=int,
+                   help=f"as fairseq-generate's (default {GENERATE_MAX_LEN[1]})")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--threads", type=int, default=1)
@@ -73,6 +79,8 @@ def main(argv=None):
     log = lambda msg: print(f"[benchmark] {msg}", file=sys.stderr, flush=True)
     try:
         check_device(args.device)
+        if args.fixed_output_len and (args.max_len_a is not None or args.max_len_b is not None):
+            raise ConfigError("--fixed-output-len sets the output length: drop --max-len-a/--max-len-b")
         specs = parse_model_specs(args.model, args.arch, args.override)
         if args.data:
             task = setup_translation_task(args.data)
@@ -108,12 +116,15 @@ def main(argv=None):
                 task, args.train_batches, args.train_max_tokens, dictionary)],
             args.reps, args.warmup, log)
     log("decoding")
+    max_len = tuple(default if given is None else given
+                    for given, default in zip((args.max_len_a, args.max_len_b), GENERATE_MAX_LEN))
     decode_timings = benchmark_decoding(models, dictionary, batches, args.beam, args.reps,
-                                        args.warmup, args.fixed_output_len, log)
+                                        args.warmup, args.fixed_output_len, log, max_len)
     shares = None
     if args.sublayer_times:
         log("attention sublayer shares (one profiled pass per model)")
-        shares = profile_sublayers(models, dictionary, batches, args.beam, args.fixed_output_len)
+        shares = profile_sublayers(models, dictionary, batches, args.beam, args.fixed_output_len,
+                                   max_len)
     settings = {k: v for k, v in vars(args).items() if k not in ("json", "markdown")}
     settings["torch"] = torch.__version__
     settings["device_name"] = (torch.cuda.get_device_name() if args.device.startswith("cuda")

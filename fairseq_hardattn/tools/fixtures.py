@@ -146,13 +146,19 @@ def random_batches(dictionary, num_sentences, src_len, batch_size, seed=1):
     return batches
 
 
-def make_generator(model, dictionary, beam, fixed_output_len=None, max_len_b=200):
+# fairseq-generate's default length limit (--max-len-a, --max-len-b): outputs
+# of at most a * source length + b tokens
+GENERATE_MAX_LEN = (0.0, 200)
+
+
+def make_generator(model, dictionary, beam, fixed_output_len=None, max_len=GENERATE_MAX_LEN):
     if fixed_output_len:
         # EOS is blocked until min_len and forced at max_len: same work for all
         return SequenceGenerator([model], dictionary, beam_size=beam,
                                  min_len=fixed_output_len, max_len_a=0,
                                  max_len_b=fixed_output_len)
-    return SequenceGenerator([model], dictionary, beam_size=beam, max_len_b=max_len_b)
+    return SequenceGenerator([model], dictionary, beam_size=beam, max_len_a=max_len[0],
+                             max_len_b=max_len[1])
 
 
 def prepare_for_decoding(model, beam):

@@ -11,7 +11,7 @@ from typing import Dict, List
 import torch
 import torch.nn.functional as F
 
-from .fixtures import make_generator, prepare_for_decoding
+from .fixtures import GENERATE_MAX_LEN, make_generator, prepare_for_decoding
 from .profiling import timed_sublayers
 
 median = statistics.median
@@ -96,9 +96,11 @@ def interleaved(run_fns: Dict[str, callable], reps: int, warmup: int, progress=N
 
 
 def benchmark_decoding(models, dictionary, batches, beam, reps, warmup,
-                       fixed_output_len=None, progress=None):
+                       fixed_output_len=None, progress=None, max_len=GENERATE_MAX_LEN):
+    """``max_len``: fairseq-generate's (--max-len-a, --max-len-b)."""
     generators = {
-        name: make_generator(prepare_for_decoding(model, beam), dictionary, beam, fixed_output_len)
+        name: make_generator(prepare_for_decoding(model, beam), dictionary, beam, fixed_output_len,
+                             max_len)
         for name, model in models.items()
     }
     sentences = sum(b["nsentences"] for b in batches)
@@ -109,12 +111,13 @@ def benchmark_decoding(models, dictionary, batches, beam, reps, warmup,
     return {name: Timing(seconds[name], sentences, tokens[name]) for name in models}
 
 
-def profile_sublayers(models, dictionary, batches, beam, fixed_output_len=None):
+def profile_sublayers(models, dictionary, batches, beam, fixed_output_len=None,
+                      max_len=GENERATE_MAX_LEN):
     """One extra decoding pass per model with hooks on its attention sublayers
     (kept out of the timed repetitions): name -> {sublayer: share of the pass}."""
     shares = {}
     for name, model in models.items():
-        generator = make_generator(model, dictionary, beam, fixed_output_len)
+        generator = make_generator(model, dictionary, beam, fixed_output_len, max_len)
         with timed_sublayers(model) as timer:
             start = time.perf_counter()
             decode(generator, batches)
