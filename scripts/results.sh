@@ -40,57 +40,81 @@ trained() { [ -f "$WORK_DIR/runs/$1/checkpoint_avg.pt" ]; }
 selected() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
 
 # --- training (resumable; PARALLEL at a time) ------------------------------------
-# runs first, then fine-tunings, each as soon as its start run (and teacher) is
-# trained: a fine-tuning continues a trained run at its peak lr (fixed,
-# or inverse-sqrt after a warmup), e.g. one epoch with the gate loss, or a soft
-# checkpoint converted to hard retrieval, distilled from a teacher where one is
-# named. A failed job is logged and leaves its run untrained; the rest go on.
+# runs first, then fine-tunings, each as soon as what it needs is there: a
+# fine-tuning continues a trained run at its peak lr (fixed, or inverse-sqrt
+# after a warmup), e.g. one epoch with the gate loss, or a soft checkpoint
+# converted to hard retrieval, distilled from a teacher where one is named; a
+# run or fine-tuning with a corpus trains on that run's translations of the
+# training sources (sequence-level distillation, made once per run as soon as
+# it is trained). A failed job is logged and leaves its run untrained; the rest go on.
 JOB_THREADS=$(( PARALLEL > 1 ? 1 : THREADS ))
 wait_for_slot() { while [ "$(jobs -rp | wc -l)" -ge "$PARALLEL" ]; do wait -n || true; done; }
+corpus_dir() { echo "$WORK_DIR/distilled/$1"; }
+distilled() { [ "$1" = - ] || [ -f "$(corpus_dir "$1")/data-bin/.done" ]; }
+data_of() { if [ "$1" = - ]; then echo "$WORK_DIR/data-bin"; else echo "$(corpus_dir "$1")/data-bin"; fi; }
+distill() {
+  log "$1: translating the training set (sequence-level distillation, $(corpus_dir "$1"))"
+  OMP_NUM_THREADS=$JOB_THREADS python -m fairseq_hardattn.tools.distillation "$WORK_DIR/data-bin" \
+    "$WORK_DIR/runs/$1/checkpoint_avg.pt" "$(corpus_dir "$1")" --beam "$BEAM" -- "${DEVICE_FLAGS[@]}" \
+    || log "$1: distillation failed (see $(corpus_dir "$1"))"
+}
 train_run() {
-  local name arch flags
-  IFS=$'\t' read -r name arch flags <<< "$1"
+  local name arch corpus flags
+  IFS=$'\t' read -r name arch corpus flags <<< "$1"
   # shellcheck disable=SC2086
-  THREADS=$JOB_THREADS bash "$M30K/train.sh" "$WORK_DIR" "$name" "$arch" $flags \
+  DATA_BIN=$(data_of "$corpus") THREADS=$JOB_THREADS bash "$M30K/train.sh" "$WORK_DIR" "$name" "$arch" $flags \
     || log "$name: training failed (see $WORK_DIR/runs/$name/train.log)"
 }
 finetune() {
-  local name start arch epochs average warmup lr teacher flags schedule distill=()
-  IFS=$'\t' read -r name start arch epochs average warmup lr teacher flags <<< "$1"
+  local name start arch epochs average warmup lr teacher corpus flags schedule distill=()
+  IFS=$'\t' read -r name start arch epochs average warmup lr teacher corpus flags <<< "$1"
   schedule=(LR_SCHEDULER=fixed)
   [ "$warmup" -gt 0 ] && schedule=(LR_SCHEDULER=inverse_sqrt WARMUP="$warmup")
   [ "$teacher" != - ] && distill=(--distill-teacher "$WORK_DIR/runs/$teacher/checkpoint_avg.pt")
   # shellcheck disable=SC2086
-  env THREADS="$JOB_THREADS" EPOCHS="$epochs" AVERAGE_LAST="$average" "${schedule[@]}" \
-    bash "$M30K/train.sh" "$WORK_DIR" "$name" "$arch" \
+  env DATA_BIN="$(data_of "$corpus")" THREADS="$JOB_THREADS" EPOCHS="$epochs" AVERAGE_LAST="$average" \
+    "${schedule[@]}" bash "$M30K/train.sh" "$WORK_DIR" "$name" "$arch" \
     --finetune-from-model "$WORK_DIR/runs/$start/checkpoint_avg.pt" --lr "$lr" "${distill[@]}" $flags \
     || log "$name: fine-tuning failed (see $WORK_DIR/runs/$name/train.log)"
 }
 mapfile -t RUNS < <("${EXPERIMENTS[@]}" runs)
 mapfile -t FINETUNES < <("${EXPERIMENTS[@]}" finetunes)
-for line in "${RUNS[@]}"; do
-  selected "${line%%$'\t'*}" || continue
-  wait_for_slot
-  train_run "$line" &
-done
+# each job: its kind, then its manifest line
 pending=()
-for line in "${FINETUNES[@]}"; do
-  selected "${line%%$'\t'*}" && pending+=("$line")
-done
+for line in "${RUNS[@]}"; do selected "${line%%$'\t'*}" && pending+=("run"$'\t'"$line"); done
+for line in "${FINETUNES[@]}"; do selected "${line%%$'\t'*}" && pending+=("finetune"$'\t'"$line"); done
+distilling=" "  # runs whose translations have been started (once each)
 while [ "${#pending[@]}" -gt 0 ]; do
   waiting=()
-  for line in "${pending[@]}"; do
-    IFS=$'\t' read -r _ start _ _ _ _ _ teacher _ <<< "$line"
-    if trained "$start" && { [ "$teacher" = - ] || trained "$teacher"; }; then
-      wait_for_slot
-      finetune "$line" &
+  for job in "${pending[@]}"; do
+    line=${job#*$'\t'}
+    if [ "${job%%$'\t'*}" = run ]; then
+      IFS=$'\t' read -r _ _ corpus _ <<< "$line"; needs=()
     else
-      waiting+=("$line")
+      IFS=$'\t' read -r _ start _ _ _ _ _ teacher corpus _ <<< "$line"; needs=("$start" "$teacher")
+    fi
+    [ "$corpus" != - ] && needs+=("$corpus")
+    ready=1
+    for run in "${needs[@]}"; do [ "$run" = - ] || trained "$run" || ready=0; done
+    if [ "$ready" = 1 ] && ! distilled "$corpus"; then
+      ready=0
+      if [[ "$distilling" != *" $corpus "* ]]; then
+        distilling+="$corpus "; wait_for_slot; distill "$corpus" &
+      fi
+    fi
+    if [ "$ready" = 1 ]; then
+      wait_for_slot
+      if [ "${job%%$'\t'*}" = run ]; then train_run "$line" & else finetune "$line" & fi
+    else
+      waiting+=("$job")
     fi
   done
   if [ "${#waiting[@]}" -eq "${#pending[@]}" ]; then
-    if [ -z "$(jobs -rp)" ]; then  # nothing left that could train their start runs
-      for line in "${waiting[@]}"; do log "${line%%$'\t'*}: skipped (its start run or teacher is not trained)"; done
+    if [ -z "$(jobs -rp)" ]; then  # nothing left that could train or translate what they need
+      for job in "${waiting[@]}"; do
+        line=${job#*$'\t'}
+        log "${line%%$'\t'*}: skipped (its start run, teacher or distilled corpus is not ready)"
+      done
       break
     fi
     sleep 5

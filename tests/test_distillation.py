@@ -1,17 +1,24 @@
-"""Word-level distillation from a trained teacher
-(criterion label_smoothed_cross_entropy_with_distillation)."""
+"""Distillation from a trained teacher: word-level (criterion
+label_smoothed_cross_entropy_with_distillation) and sequence-level (the
+teacher's translations as the training targets: tools/distillation.py)."""
 
 import copy
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
+from fairseq.data import Dictionary, data_utils
 
-from conftest import TinyTask, build_model, make_dictionary, random_batch, train
+from conftest import TinyTask, build_model, make_dictionary, random_batch, tool_env, train
 from fairseq_hardattn.criterions.label_smoothed_cross_entropy_with_distillation import (
     LabelSmoothedCrossEntropyWithDistillationCriterion as Distillation,
 )
 from fairseq_hardattn.errors import ConfigError
+from fairseq_hardattn.tools.distillation import distilled_pairs
 
 
 def sample_of(d):
@@ -109,3 +116,75 @@ def test_fairseq_train_distills_a_hard_student_from_a_soft_checkpoint(
                        weights_only=False)
     key = "decoder.layers.0.fc1.weight"
     assert not torch.equal(state["model"][key], plain["model"][key])
+
+
+# --- sequence-level distillation (fairseq_hardattn/tools/distillation.py) ---------
+
+def distill_cli(*args, check=True):
+    proc = subprocess.run([sys.executable, "-m", "fairseq_hardattn.tools.distillation",
+                           *map(str, args)], env=tool_env(), capture_output=True, text=True,
+                          timeout=600)
+    if check:
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+def read_split(data_bin, split, lang):
+    """The token lists of one binarized side of a data-bin, and its dictionary."""
+    dictionary = Dictionary.load(str(Path(data_bin) / f"dict.{lang}.txt"))
+    dataset = data_utils.load_indexed_dataset(str(Path(data_bin) / f"{split}.src-tgt.{lang}"),
+                                              dictionary)
+    return [dataset[i].tolist() for i in range(len(dataset))], dictionary
+
+
+def test_generate_lines_come_in_data_set_order_best_hypothesis_first():
+    output = ("S-1\tB b\nH-1\t-0.1\tsecond\nS-0\tA a\nH-0\t-0.2\tfirst\n"
+              "H-0\t-0.9\tfirst, worse (nbest)\n")
+    assert distilled_pairs(output) == (["A a", "B b"], ["first", "second"])
+    with pytest.raises(ValueError, match=r"lacks sentences \[1\]"):
+        distilled_pairs("S-0\ta\nH-0\t-1\tb\nS-2\tc\nH-2\t-1\td\n")
+    with pytest.raises(ValueError, match="2 sources but 1 hypotheses"):
+        distilled_pairs("S-0\ta\nH-0\t-1\tb\nS-1\tc\n")
+
+
+def test_the_distilled_corpus_pairs_each_training_source_with_the_teachers_translation(
+        trained_checkpoints, reorder_data, tmp_path):
+    out = tmp_path / "kd"
+    proc = distill_cli(reorder_data, trained_checkpoints["soft"], out, "--", "--cpu",
+                       "--max-len-b", 20)
+    assert "translating the training set" in proc.stderr
+    distilled = out / "data-bin"
+    sources, _ = read_split(reorder_data, "train", "src")
+    references, _ = read_split(reorder_data, "train", "tgt")
+    kd_sources, _ = read_split(distilled, "train", "src")
+    kd_targets, dictionary = read_split(distilled, "train", "tgt")
+    assert kd_sources == sources  # every training source, in the training set's order
+    # each target is the teacher's best hypothesis for that source
+    hypotheses = {int(i): text for i, text in
+                  re.findall(r"^H-(\d+)\t[^\t]*\t(.*)$", (out / "train.gen").read_text(), flags=re.M)}
+    assert [dictionary.string(t) for t in kd_targets] == [hypotheses[i] for i in range(len(sources))]
+    assert kd_targets != references
+    # the other subsets are the real ones: models are chosen and scored on references
+    for name in ("valid.src-tgt.tgt.bin", "test.src-tgt.src.idx", "test.src-tgt.tgt.bin"):
+        assert (distilled / name).read_bytes() == (reorder_data / name).read_bytes()
+    # fairseq trains on it as on the original data (one dictionary for shared embeddings)
+    train(distilled, tmp_path / "student", "transformer_hard_dec", "--share-all-embeddings",
+          updates=1)
+    assert (tmp_path / "student" / "checkpoint_last.pt").is_file()
+    # a finished corpus is kept
+    before = (out / "train.gen").stat().st_mtime_ns
+    proc = distill_cli(reorder_data, trained_checkpoints["soft"], out)
+    assert "distilled data ready" in proc.stderr and "translating" not in proc.stderr
+    assert (out / "train.gen").stat().st_mtime_ns == before
+
+
+@pytest.mark.parametrize("problem", ["teacher", "data"])
+def test_sequence_distillation_names_what_is_missing_in_one_line(problem, reorder_data,
+                                                                 trained_checkpoints, tmp_path):
+    data = tmp_path if problem == "data" else reorder_data
+    teacher = tmp_path / "none.pt" if problem == "teacher" else trained_checkpoints["soft"]
+    proc = distill_cli(data, teacher, tmp_path / "kd", check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    expected = f"no teacher checkpoint at {teacher}" if problem == "teacher" else \
+        f"{tmp_path}: no binarized training set"
+    assert f"error: {expected}" in proc.stderr.splitlines()[-1]

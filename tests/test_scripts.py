@@ -319,15 +319,20 @@ def test_the_experiment_manifest_answers_the_scripts(tmp_path):
         assert proc.returncode == 0, proc.stderr
         return [line.split("\t") for line in proc.stdout.splitlines()]
 
-    runs = {name for name, *_ in query("runs")}
+    run_lines = query("runs")
+    runs = {name for name, *_ in run_lines}
     finetunes = query("finetunes")
     decodes = query("decodes")
     names = list(runs) + [f[0] for f in finetunes] + [d[0] for d in decodes]
     assert len(names) == len(set(names))
     assert all(start in runs for _, start, *_ in finetunes)
-    assert all(teacher == "-" or teacher in runs for *_, teacher, _ in finetunes)
-    assert all(float(lr) > 0 for *_, lr, _, _ in finetunes)
-    assert any(teacher != "-" for *_, teacher, _ in finetunes)
+    assert all(teacher == "-" or teacher in runs for *_, teacher, _, _ in finetunes)
+    assert all(float(lr) > 0 for *_, lr, _, _, _ in finetunes)
+    assert any(teacher != "-" for *_, teacher, _, _ in finetunes)
+    # a distilled corpus is a trained run's translations: never its own run's
+    corpora = [(line[0], line[2]) for line in run_lines] + [(f[0], f[-2]) for f in finetunes]
+    assert all(corpus == "-" or (corpus in runs and corpus != name) for name, corpus in corpora)
+    assert any(corpus != "-" for _, corpus in corpora)
     trained = runs | {f[0] for f in finetunes}
     assert all(run in trained for _, run, _ in decodes)
     assert all(isinstance(eval(overrides), dict) for *_, overrides in decodes)
@@ -345,12 +350,12 @@ def test_the_experiment_manifest_answers_the_scripts(tmp_path):
         assert "--baseline" in args or "--arch" in args
 
 
-def test_results_sh_starts_each_fine_tuning_once_its_start_run_is_trained(tmp_path):
-    """scripts/results.sh schedules runs and fine-tunings PARALLEL at a time: a
-    fine-tuning starts only after its start run (and teacher) has finished, one
-    whose start run failed is skipped with a line saying so, and every trained
-    run is scored on test and valid. Training and scoring are stand-ins that
-    record what they were asked (the real ones are exercised elsewhere)."""
+def results_sh_with_stand_ins(tmp_path, only, failing_run="-", failing_translation="-", parallel=3):
+    """scripts/results.sh in a copy of the repo whose training, scoring and
+    sequence-level distillation are stand-ins that record what they were asked
+    in a journal (the real ones are exercised elsewhere); ``failing_run``: the
+    run whose training fails, ``failing_translation``: the run whose translation
+    of the training set fails. Returns the process and the journal's lines."""
     repo = tmp_path / "repo"
     (repo / "scripts").mkdir(parents=True)
     for name in ("results.sh", "results_table.py"):
@@ -366,18 +371,45 @@ def test_results_sh_starts_each_fine_tuning_once_its_start_run_is_trained(tmp_pa
     (m30k / "prepare.sh").write_text("true\n")
     journal = tmp_path / "journal"
     (m30k / "train.sh").write_text(
-        f'echo "start $2 $*" >> {journal}; sleep 0.3\n'
-        '[ "$2" = soft_pre ] && exit 1\n'  # its fine-tunings must be skipped
+        f'echo "start $2 data=$DATA_BIN $*" >> {journal}; sleep 0.3\n'
+        f'[ "$2" = {failing_run} ] && exit 1\n'
         'mkdir -p "$1/runs/$2" && touch "$1/runs/$2/checkpoint_avg.pt"\n'
         f'echo "end $2" >> {journal}\n')
     (m30k / "evaluate.sh").write_text(f'echo "score ${{SUBSET:-test}} $3 $4 $THREADS" >> {journal}\n')
-    only = "soft flexible flexible_ft soft_ft soft_pre hard_pre_from_soft hard_pre_argmax_from_soft_kd"
-    env = tool_env(ONLY=only, PARALLEL="3", SKIP_BENCH="1")
+    tools = tmp_path / "stand_in" / "fairseq_hardattn" / "tools"
+    tools.mkdir(parents=True)
+    for package in (tools, tools.parent):
+        (package / "__init__.py").write_text("")
+    (tools / "distillation.py").write_text(
+        "import os, sys, time\n"
+        "data_bin, teacher, out = sys.argv[1:4]\n"
+        "run = os.path.basename(os.path.dirname(teacher))\n"
+        f"journal = open({str(journal)!r}, 'a')\n"
+        "journal.write(f'distill {run} {data_bin} {out} {\" \".join(sys.argv[4:])}\\n'); journal.flush()\n"
+        "time.sleep(0.3)\n"
+        f"if run == {failing_translation!r}: sys.exit(2)\n"
+        "os.makedirs(os.path.join(out, 'data-bin'))\n"
+        "open(os.path.join(out, 'data-bin', '.done'), 'w').close()\n"
+        "journal.write(f'distilled {run}\\n')\n")
+    env = tool_env(ONLY=only, PARALLEL=str(parallel), SKIP_BENCH="1", PYTHONPATH=str(tools.parent.parent))
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    # (not from the repo's root, whose fairseq_hardattn python -m would import before the stand-in)
     proc = subprocess.run(["bash", str(repo / "scripts" / "results.sh"), tmp_path / "data",
-                           tmp_path / "work"], env=env, capture_output=True, text=True, timeout=300)
+                           tmp_path / "work"], env=env, capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    events = journal.read_text().splitlines()
+    return proc, journal.read_text().splitlines()
+
+
+def test_results_sh_starts_each_fine_tuning_once_its_start_run_is_trained(tmp_path):
+    """scripts/results.sh schedules runs and fine-tunings PARALLEL at a time: a
+    fine-tuning starts only after its start run (and teacher) has finished, one
+    whose start run failed is skipped with a line saying so, and every trained
+    run is scored on test and valid. Training and scoring are stand-ins that
+    record what they were asked (the real ones are exercised elsewhere)."""
+    only = "soft flexible flexible_ft soft_ft soft_pre hard_pre_from_soft hard_pre_argmax_from_soft_kd"
+    # soft_pre fails: its fine-tunings must be skipped
+    proc, events = results_sh_with_stand_ins(tmp_path, only, failing_run="soft_pre")
     started = [e.split()[1] for e in events if e.startswith("start ")]
     assert sorted(started) == sorted(["soft", "flexible", "soft_pre", "flexible_ft", "soft_ft"])
     for finetune, start in (("flexible_ft", "flexible"), ("soft_ft", "soft")):
@@ -386,7 +418,7 @@ def test_results_sh_starts_each_fine_tuning_once_its_start_run_is_trained(tmp_pa
         assert f"--finetune-from-model {tmp_path / 'work'}/runs/{start}/checkpoint_avg.pt" in events[begin]
         assert " --lr 0.001 " in f"{events[begin]} "  # the manifest's peak lr
     for skipped in ("hard_pre_from_soft", "hard_pre_argmax_from_soft_kd"):
-        assert f"{skipped}: skipped (its start run or teacher is not trained)" in proc.stderr
+        assert f"{skipped}: skipped (its start run, teacher or distilled corpus is not ready)" in proc.stderr
     assert "soft_pre: training failed" in proc.stderr
     scored = {tuple(e.split()[1:4]) for e in events if e.startswith("score ")}
     assert {e.split()[4] for e in events if e.startswith("score ")} == {"1"}  # one thread each
@@ -395,5 +427,37 @@ def test_results_sh_starts_each_fine_tuning_once_its_start_run_is_trained(tmp_pa
     assert ("test", "soft", "fairseq") in scored and ("test", "flexible", "flexible_auto") in scored
     assert not any(run == "soft_pre" for _, run, _ in scored)
     assert "tables not written (REPLACE_TABLES=1 writes them)" in proc.stderr
+    repo = tmp_path / "repo"
     assert (repo / "README.md").read_text() == "<!-- results:start -->\n<!-- results:end -->\n"
     assert json.loads((repo / "results" / "results.json").read_text())[0]["name"] == "aan"
+
+
+@pytest.mark.parametrize("translation_fails", [False, True])
+def test_results_sh_distils_a_corpus_once_and_trains_on_it_after(tmp_path, translation_fails):
+    """Runs and fine-tunings on a distilled corpus (the manifest's ``corpus``)
+    start only once its run is trained and has translated the training set,
+    which it does once for all of them; they train on that corpus, scored on
+    the real data like every run. A failed translation skips them."""
+    only = "soft_pre soft hard_pre_argmax_seqkd soft_pre_seqkd hard_pre_argmax_from_soft_seqkd"
+    proc, events = results_sh_with_stand_ins(
+        tmp_path, only, failing_translation="soft_pre" if translation_fails else "-", parallel=2)
+    work = tmp_path / "work"
+    students = ("hard_pre_argmax_seqkd", "soft_pre_seqkd", "hard_pre_argmax_from_soft_seqkd")
+    assert [e for e in events if e.startswith("distill ")] == [
+        f"distill soft_pre {work}/data-bin {work}/distilled/soft_pre --beam 4 -- --cpu"]
+    assert events.index("end soft_pre") < events.index(next(e for e in events if e.startswith("distill ")))
+    assert f"start soft data={work}/data-bin " in "\n".join(events)
+    if not translation_fails:
+        translated = events.index("distilled soft_pre")
+        for student in students:
+            begin = next(i for i, e in enumerate(events) if e.startswith(f"start {student} "))
+            assert translated < begin
+            assert f" data={work}/distilled/soft_pre/data-bin " in events[begin]
+        scored = {tuple(e.split()[1:4]) for e in events if e.startswith("score ")}
+        assert all(("valid", name, name) in scored for name in students)
+    else:
+        assert "soft_pre: distillation failed" in proc.stderr
+        assert not any(e.startswith(f"start {student} ") for e in events for student in students)
+        for student in students:
+            assert f"{student}: skipped (its start run, teacher or distilled corpus is not ready)" \
+                in proc.stderr

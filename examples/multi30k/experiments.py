@@ -5,7 +5,7 @@ the benchmarks and which models they compare, and the rows and labels of
 the results tables. ``scripts/results.sh`` and ``examples/multi30k/run.sh``
 read it through this command line; ``scripts/results_table.py`` imports it.
 
-Usage: experiments.py runs | finetunes | decodes      (tab-separated lines)
+Usage: experiments.py runs | finetunes | decodes      (tab-separated lines; - for none)
        experiments.py benchmarks | gpu-benchmarks      (their names)
        experiments.py benchmark NAME WORK_DIR          (its arguments, one per line)
 """
@@ -26,11 +26,14 @@ CONVERSION_SCHEDULE = {"epochs": 5, "average": 2, "warmup": 100}
 
 @dataclass(frozen=True)
 class Run:
-    """Trained from scratch with the recipe of common.sh."""
+    """Trained from scratch with the recipe of common.sh; ``corpus``: a trained
+    run whose translations of the training sources replace the references
+    (sequence-level distillation: fairseq_hardattn/tools/distillation.py)."""
     name: str
     arch: str
     flags: str
     what: str
+    corpus: str = ""
 
 
 @dataclass(frozen=True)
@@ -40,7 +43,8 @@ class FineTune:
     for ``epochs`` at a peak ``lr``, averaging the last ``average`` epoch
     checkpoints; ``warmup`` 0: a fixed lr, else inverse-sqrt after that many
     warmup updates; ``teacher``: a trained run distilled from
-    (``--distill-teacher`` its averaged checkpoint; give the criterion in ``flags``)."""
+    (``--distill-teacher`` its averaged checkpoint; give the criterion in ``flags``);
+    ``corpus``: as a Run's."""
     name: str
     start: str
     arch: str
@@ -51,6 +55,7 @@ class FineTune:
     warmup: int = 0
     teacher: str = ""
     lr: float = 1e-3
+    corpus: str = ""
 
 
 @dataclass(frozen=True)
@@ -211,6 +216,12 @@ FINETUNES = (
     reseeded(CROSS_ONLY_CONVERSION, 2),
     GENTLE_CONVERSION,
     GENTLE_CONTROL,
+    # the conversion and its control on soft_pre's own translations (sequence-level distillation)
+    replace(HARD_PRE_ARGMAX_FROM_SOFT, name="hard_pre_argmax_from_soft_seqkd", corpus="soft_pre",
+            what="hard_pre_argmax_from_soft on soft_pre's translations of the training set"),
+    replace(SOFT_PRE_MORE, name="soft_pre_more_seqkd", corpus="soft_pre",
+            what="soft_pre_more on soft_pre's translations of the training set "
+                 "(hard_pre_argmax_from_soft_seqkd's control)"),
 )
 
 _FLEXIBLE = ("flexible", "flexible_ft", "flexible_band_ft", "flexible_gate32", "flexible_gate32_band_ft",
@@ -259,6 +270,19 @@ PARITY_RUNS = (
     # the recipe and its soft counterpart with a second training seed: the gap's noise
     reseeded(HARD_PRE_ARGMAX, 2),
     reseeded(SOFT_PRE, 2),
+    # is hard retrieval held back by the recipe's regularisation? (its training
+    # loss stays above soft's)
+    replace(HARD_PRE_ARGMAX, name="hard_pre_argmax_drop02", flags="--dropout 0.2",
+            what="the parity recipe with dropout 0.2 (the recipe: 0.3)"),
+    # sequence-level distillation (Kim and Rush, 2016): soft_pre's beam
+    # translations of the training sources replace the references, for the
+    # hard recipe and its soft counterpart alike
+    replace(HARD_PRE_ARGMAX, name="hard_pre_argmax_seqkd", corpus="soft_pre",
+            what="the parity recipe trained on soft_pre's translations of the training set "
+                 "(sequence-level distillation)"),
+    replace(SOFT_PRE, name="soft_pre_seqkd", corpus="soft_pre",
+            what="soft_pre's recipe trained on soft_pre's translations of the training set "
+                 "(hard_pre_argmax_seqkd's soft counterpart)"),
 )
 # every run trained from scratch, and with its fine-tunings every trained run
 FROM_SCRATCH = RUNS + PARITY_RUNS
@@ -284,7 +308,11 @@ PARITY_PAIRS = (("hard", "soft"), ("hard_pre", "soft_pre"), ("hard_pre_argmax", 
                 ("hard_pre_self_from_soft", "soft_pre_more"), ("hard_pre_self_from_soft_s2", "soft_pre_more_s2"),
                 ("hard_pre_cross_from_soft", "soft_pre_more"),
                 ("hard_pre_cross_from_soft_s2", "soft_pre_more_s2"),
-                ("hard_pre_argmax_from_soft_lr3e4", "soft_pre_more_lr3e4"))
+                ("hard_pre_argmax_from_soft_lr3e4", "soft_pre_more_lr3e4"),
+                ("hard_pre_argmax_drop02", "soft_pre"),
+                ("hard_pre_argmax_seqkd", "soft_pre_seqkd"), ("hard_pre_argmax_seqkd", "soft_pre"),
+                ("hard_pre_argmax_from_soft_seqkd", "soft_pre_more_seqkd"),
+                ("hard_pre_argmax_from_soft_seqkd", "soft_pre"))
 
 # rows of the main table after the runs: fine-tunings and Table-4 switches, in this order
 TABLE_EXTRA_ROWS = ("fairseq", "hard_pre_argmax_from_soft", "hard_pre_argmax_from_soft_kd",
@@ -488,10 +516,10 @@ def benchmark_models(benchmark, work_dir):
 def main(argv):
     command = argv[0] if argv else ""
     if command == "runs":
-        lines = [f"{r.name}\t{r.arch}\t{r.flags}" for r in FROM_SCRATCH]
+        lines = [f"{r.name}\t{r.arch}\t{r.corpus or '-'}\t{r.flags}" for r in FROM_SCRATCH]
     elif command == "finetunes":
         lines = [f"{f.name}\t{f.start}\t{f.arch}\t{f.epochs}\t{f.average}\t{f.warmup}\t"
-                 f"{f.lr:g}\t{f.teacher or '-'}\t{f.flags}" for f in FINETUNES]
+                 f"{f.lr:g}\t{f.teacher or '-'}\t{f.corpus or '-'}\t{f.flags}" for f in FINETUNES]
     elif command == "decodes":
         lines = [f"{d.name}\t{d.run}\t{d.model_overrides()!r}" for d in DECODES]
     elif command == "benchmarks":

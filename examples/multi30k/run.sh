@@ -21,12 +21,12 @@ bash "$HERE/prepare.sh" "$DATA_DIR" "$WORK_DIR"
 EXPERIMENTS=(python "$HERE/experiments.py")  # the runs and decodes, declared once
 WANTED=" soft hard soft_decoded_hard hard_decoded_soft "
 [ "${ABLATIONS:-0}" = 1 ] && WANTED+="hard_cross hard_all "
-while IFS=$'\t' read -r name arch flags; do
+while IFS=$'\t' read -r name arch _ flags; do
   # shellcheck disable=SC2086
   [[ "$WANTED" == *" $name "* ]] && bash "$HERE/train.sh" "$WORK_DIR" "$name" "$arch" $flags
 done < <("${EXPERIMENTS[@]}" runs)
 for subset in valid test; do
-  while IFS=$'\t' read -r name arch flags; do
+  while IFS=$'\t' read -r name arch _ flags; do
     [[ "$WANTED" == *" $name "* ]] && SUBSET=$subset bash "$HERE/evaluate.sh" "$DATA_DIR" "$WORK_DIR" "$name" "$name" > /dev/null
   done < <("${EXPERIMENTS[@]}" runs)
   while IFS=$'\t' read -r name run overrides; do

@@ -17,8 +17,27 @@ from typing import Dict, List, Optional
 
 import sacrebleu
 
-_HYPOTHESIS = re.compile(r"^H-(\d+)\t[^\t]*\t(.*)$", flags=re.M)
-_DETOKENIZED = re.compile(r"^D-(\d+)\t[^\t]*\t(.*)$", flags=re.M)
+# fairseq-generate's lines: S-id<TAB>source; H-/D-id<TAB>score<TAB>hypothesis
+_LINES = {
+    "S": re.compile(r"^S-(\d+)\t(.*)$", flags=re.M),
+    "H": re.compile(r"^H-(\d+)\t[^\t]*\t(.*)$", flags=re.M),
+    "D": re.compile(r"^D-(\d+)\t[^\t]*\t(.*)$", flags=re.M),
+}
+
+
+def read_generate_lines(generate_output: str, kind: str) -> List[str]:
+    """The ``kind`` lines (``S`` sources, ``H`` hypotheses, ``D`` detokenized
+    hypotheses) of ``fairseq-generate`` output, in data-set order (the first of
+    each id: the best hypothesis under ``--nbest``)."""
+    by_id: Dict[int, str] = {}
+    for i, text in _LINES[kind].findall(generate_output):
+        by_id.setdefault(int(i), text)
+    if not by_id:
+        raise ValueError(f"no {kind}- lines found in the fairseq-generate output")
+    missing = sorted(set(range(max(by_id) + 1)) - set(by_id))
+    if missing:
+        raise ValueError(f"fairseq-generate output lacks sentences {missing[:10]}")
+    return [by_id[i] for i in range(len(by_id))]
 
 
 def read_hypotheses(generate_output: str, detokenized: bool = False) -> List[str]:
@@ -27,14 +46,7 @@ def read_hypotheses(generate_output: str, detokenized: bool = False) -> List[str
     ``H-`` lines hold the output with BPE removed when ``--remove-bpe`` is
     given; ``D-`` lines the detokenized output when ``--tokenizer`` is.
     """
-    pattern = _DETOKENIZED if detokenized else _HYPOTHESIS
-    by_id: Dict[int, str] = {int(i): text for i, text in pattern.findall(generate_output)}
-    if not by_id:
-        raise ValueError("no hypotheses found in the fairseq-generate output")
-    missing = sorted(set(range(max(by_id) + 1)) - set(by_id))
-    if missing:
-        raise ValueError(f"fairseq-generate output lacks sentences {missing[:10]}")
-    return [by_id[i] for i in range(len(by_id))]
+    return read_generate_lines(generate_output, "D" if detokenized else "H")
 
 
 def _read_lines(path: str) -> List[str]:
