@@ -274,6 +274,8 @@ PARITY_RUNS = (
     # loss stays above soft's)
     replace(HARD_PRE_ARGMAX, name="hard_pre_argmax_drop02", flags="--dropout 0.2",
             what="the parity recipe with dropout 0.2 (the recipe: 0.3)"),
+    replace(SOFT_PRE, name="soft_pre_drop02", flags="--dropout 0.2",
+            what="soft_pre with dropout 0.2 (hard_pre_argmax_drop02's soft counterpart)"),
     # sequence-level distillation (Kim and Rush, 2016): soft_pre's beam
     # translations of the training sources replace the references, for the
     # hard recipe and its soft counterpart alike
@@ -309,7 +311,7 @@ PARITY_PAIRS = (("hard", "soft"), ("hard_pre", "soft_pre"), ("hard_pre_argmax", 
                 ("hard_pre_cross_from_soft", "soft_pre_more"),
                 ("hard_pre_cross_from_soft_s2", "soft_pre_more_s2"),
                 ("hard_pre_argmax_from_soft_lr3e4", "soft_pre_more_lr3e4"),
-                ("hard_pre_argmax_drop02", "soft_pre"),
+                ("hard_pre_argmax_drop02", "soft_pre_drop02"), ("hard_pre_argmax_drop02", "soft_pre"),
                 ("hard_pre_argmax_seqkd", "soft_pre_seqkd"), ("hard_pre_argmax_seqkd", "soft_pre"),
                 ("hard_pre_argmax_from_soft_seqkd", "soft_pre_more_seqkd"),
                 ("hard_pre_argmax_from_soft_seqkd", "soft_pre"))
