@@ -87,8 +87,8 @@ distilling=" "  # runs whose translations have been started (once each)
 while [ "${#pending[@]}" -gt 0 ]; do
   waiting=()
   for job in "${pending[@]}"; do
-    line=${job#*$'\t'}
-    if [ "${job%%$'\t'*}" = run ]; then
+    kind=${job%%$'\t'*} line=${job#*$'\t'}
+    if [ "$kind" = run ]; then
       IFS=$'\t' read -r _ _ corpus _ <<< "$line"; needs=()
     else
       IFS=$'\t' read -r _ start _ _ _ _ _ teacher corpus _ <<< "$line"; needs=("$start" "$teacher")
@@ -104,7 +104,7 @@ while [ "${#pending[@]}" -gt 0 ]; do
     fi
     if [ "$ready" = 1 ]; then
       wait_for_slot
-      if [ "${job%%$'\t'*}" = run ]; then train_run "$line" & else finetune "$line" & fi
+      if [ "$kind" = run ]; then train_run "$line" & else finetune "$line" & fi
     else
       waiting+=("$job")
     fi
