@@ -254,6 +254,10 @@ DECODES = (
 # --decoder-normalize-before (the same models: tests/test_models.py)
 HARD_PRE_COOL = Run("hard_pre_cool", "transformer_hard_dec_prenorm_small", "--hard-cooling-updates 1500",
                     "hard, pre-norm, sampling cooled into the argmax over the first 1500 updates (~half)")
+HARD_PRE_ARGMAX_DROP02 = replace(HARD_PRE_ARGMAX, name="hard_pre_argmax_drop02", flags="--dropout 0.2",
+                                 what="the parity recipe with dropout 0.2 (the recipe: 0.3)")
+SOFT_PRE_DROP02 = replace(SOFT_PRE, name="soft_pre_drop02", flags="--dropout 0.2",
+                          what="soft_pre with dropout 0.2 (hard_pre_argmax_drop02's soft counterpart)")
 PARITY_RUNS = (
     Run("hard_pre", "transformer_hard_dec_prenorm_small", "--hard-train-retrieval sample",
         "hard, pre-norm, keys sampled in training (the paper's)"),
@@ -272,10 +276,10 @@ PARITY_RUNS = (
     reseeded(SOFT_PRE, 2),
     # is hard retrieval held back by the recipe's regularisation? (its training
     # loss stays above soft's)
-    replace(HARD_PRE_ARGMAX, name="hard_pre_argmax_drop02", flags="--dropout 0.2",
-            what="the parity recipe with dropout 0.2 (the recipe: 0.3)"),
-    replace(SOFT_PRE, name="soft_pre_drop02", flags="--dropout 0.2",
-            what="soft_pre with dropout 0.2 (hard_pre_argmax_drop02's soft counterpart)"),
+    HARD_PRE_ARGMAX_DROP02,
+    SOFT_PRE_DROP02,
+    reseeded(HARD_PRE_ARGMAX_DROP02, 2),
+    reseeded(SOFT_PRE_DROP02, 2),
     # sequence-level distillation (Kim and Rush, 2016): soft_pre's beam
     # translations of the training sources replace the references, for the
     # hard recipe and its soft counterpart alike
@@ -312,6 +316,7 @@ PARITY_PAIRS = (("hard", "soft"), ("hard_pre", "soft_pre"), ("hard_pre_argmax", 
                 ("hard_pre_cross_from_soft_s2", "soft_pre_more_s2"),
                 ("hard_pre_argmax_from_soft_lr3e4", "soft_pre_more_lr3e4"),
                 ("hard_pre_argmax_drop02", "soft_pre_drop02"), ("hard_pre_argmax_drop02", "soft_pre"),
+                ("hard_pre_argmax_drop02_s2", "soft_pre_drop02_s2"),
                 ("hard_pre_argmax_seqkd", "soft_pre_seqkd"), ("hard_pre_argmax_seqkd", "soft_pre"),
                 ("hard_pre_argmax_from_soft_seqkd", "soft_pre_more_seqkd"),
                 ("hard_pre_argmax_from_soft_seqkd", "soft_pre"))
