@@ -258,6 +258,11 @@ HARD_PRE_ARGMAX_DROP02 = replace(HARD_PRE_ARGMAX, name="hard_pre_argmax_drop02",
                                  what="the parity recipe with dropout 0.2 (the recipe: 0.3)")
 SOFT_PRE_DROP02 = replace(SOFT_PRE, name="soft_pre_drop02", flags="--dropout 0.2",
                           what="soft_pre with dropout 0.2 (hard_pre_argmax_drop02's soft counterpart)")
+# where the gap comes from, trained from scratch: hard retrieval in decoder
+# self-attention only (the conversion closest to parity), cross-attention soft
+HARD_PRE_SELF = replace(HARD_PRE_ARGMAX, name="hard_pre_self", flags="--dec-cross-attn-kind soft",
+                        what="the parity recipe with hard retrieval in decoder self-attention only "
+                             "(cross-attention soft)")
 PARITY_RUNS = (
     Run("hard_pre", "transformer_hard_dec_prenorm_small", "--hard-train-retrieval sample",
         "hard, pre-norm, keys sampled in training (the paper's)"),
@@ -280,6 +285,8 @@ PARITY_RUNS = (
     SOFT_PRE_DROP02,
     reseeded(HARD_PRE_ARGMAX_DROP02, 2),
     reseeded(SOFT_PRE_DROP02, 2),
+    HARD_PRE_SELF,
+    reseeded(HARD_PRE_SELF, 2),
     # sequence-level distillation (Kim and Rush, 2016): soft_pre's beam
     # translations of the training sources replace the references, for the
     # hard recipe and its soft counterpart alike
@@ -317,6 +324,7 @@ PARITY_PAIRS = (("hard", "soft"), ("hard_pre", "soft_pre"), ("hard_pre_argmax", 
                 ("hard_pre_argmax_from_soft_lr3e4", "soft_pre_more_lr3e4"),
                 ("hard_pre_argmax_drop02", "soft_pre_drop02"), ("hard_pre_argmax_drop02", "soft_pre"),
                 ("hard_pre_argmax_drop02_s2", "soft_pre_drop02_s2"),
+                ("hard_pre_self", "soft_pre"), ("hard_pre_self_s2", "soft_pre_s2"),
                 ("hard_pre_argmax_seqkd", "soft_pre_seqkd"), ("hard_pre_argmax_seqkd", "soft_pre"),
                 ("hard_pre_argmax_from_soft_seqkd", "soft_pre_more_seqkd"),
                 ("hard_pre_argmax_from_soft_seqkd", "soft_pre"))
