@@ -398,6 +398,11 @@ BENCHMARKS = (
               "fairseq and hard (trained later)",
               f"--baseline soft {_SMALL_TEST} --train-batches 6 --sublayer-times",
               ("soft", "fairseq", "hard", "soft_pre", "hard_pre_argmax"), True),
+    # hard retrieval in decoder self-attention only: what it keeps of the recipe's speed
+    Benchmark("speed_small_self_only", "speed_small's settings: hard retrieval in decoder "
+              "self-attention only beside the parity recipe and soft_pre",
+              f"--baseline soft_pre {_SMALL_TEST} --train-batches 6 --sublayer-times",
+              ("soft_pre", "hard_pre_argmax", "hard_pre_self"), True),
     # trained gates and centres on 100-token sources: where skipping can pay
     Benchmark("speed_small_long_sources", "small preset, the trained checkpoints, 100-token sources",
               "--baseline soft --src-len 100 --num-sentences 128 --batch-size 64 "
