@@ -5,8 +5,10 @@
 # (examples/multi30k/common.sh), average checkpoints, score test2016 and the
 # validation set (tokenized lowercased BLEU and sacreBLEU with its
 # signature), run the benchmarks, and write results/ (Markdown, JSON, PNG),
-# which the README includes. Resumable: every finished step is skipped (delete its output to
-# redo it).
+# which the README includes. The score records join the committed ones in
+# results/scores/, from which the tables are built: a work dir of a few runs
+# adds its rows to the others. Resumable: every finished step is skipped
+# (delete its output to redo it).
 #
 # Usage: scripts/results.sh DATA_DIR [WORK_DIR]
 #   DATA_DIR  the multi30k folder (../shared/data/multi30k here)
@@ -15,9 +17,9 @@
 #   PARALLEL=2 trains and scores two runs at a time (one thread each: 1.7x the
 #   throughput of one two-thread run on 2 cores; PARALLEL=12 on one GPU); budget knobs in common.sh
 #   (EPOCHS, WARMUP, AVERAGE_LAST, ...); REFERENCE=OTHER_WORK_DIR adds that
-#   work dir's scores (e.g. a longer budget) to the README as a second table;
-#   REPLACE_TABLES=1 writes the tables even where this work dir lacks scores
-#   they have (otherwise it prints its own).
+#   work dir's scores (e.g. a longer budget) to the README as a second table.
+#   A work dir trained with another budget than results/scores/budget.json
+#   leaves the tables as they are and prints its scores.
 # Never time while anything else runs on the machine: the benchmarks here
 # run after all training has finished.
 set -euo pipefail
@@ -137,15 +139,14 @@ while IFS=$'\t' read -r name run overrides; do
 done < <("${EXPERIMENTS[@]}" decodes)
 wait
 
-# results/ and the README keep rows this work dir has not scored (a longer
-# budget's pair, say): then the work dir's scores are printed instead
+# the tables: this work dir's scores join results/scores/ unless it was trained
+# with another budget (a longer one's pair, say): then they are printed instead
 write_tables() {
-  local replace=() status=0
-  [ "${REPLACE_TABLES:-0}" = 1 ] && replace=(--replace)
+  local status=0
   python "$REPO/scripts/results_table.py" "$WORK_DIR" "$RESULTS" ${REFERENCE:+--reference "$REFERENCE"} \
-    "${replace[@]}" || status=$?
-  [ "$status" = 3 ] || return "$status"  # 3: tables kept (results_table.py); any other failure stops
-  log "tables not written (REPLACE_TABLES=1 writes them); the scores of $WORK_DIR:"
+    || status=$?
+  [ "$status" = 3 ] || return "$status"  # 3: another budget (results_table.py); any other failure stops
+  log "tables not written ($WORK_DIR has another budget than results/scores/budget.json); its scores:"
   python "$REPO/scripts/results_table.py" "$WORK_DIR" --print
 }
 [ "${SKIP_BENCH:-0}" = 1 ] && { write_tables; exit 0; }

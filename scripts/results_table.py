@@ -5,14 +5,21 @@ evaluation and benchmark outputs, as Markdown and JSON; and put the table at
 the top of README.md, between its ``<!-- results:start -->`` and
 ``<!-- results:end -->`` markers.
 
+The tables are built from RESULTS_DIR/scores/, the committed score records
+(NAME.json for test2016, NAME.valid.json for the validation set, and the
+budget.json they were trained with): a work dir's checkpoints and logs stay on
+the machine that trained them, its scores travel with the repository. Each call
+first copies WORK_DIR's records into scores/ (a retrained run replaces its
+record, which git shows), so a work dir of a few runs adds its rows to the
+others; a work dir trained with another budget than the committed records' is
+not merged (exit status 3: scripts/results.sh then prints its scores).
+
 Usage: scripts/results_table.py WORK_DIR RESULTS_DIR [--reference OTHER_WORK_DIR]
 [--short-budget RESULTS_JSON] (as scripts/results.sh calls it). --reference adds
 the scores of another work dir (trained with another budget) as a second table;
 --short-budget adds a column of test2016 BLEU from another table's records
 (results.json of a shorter budget: for rows not yet trained with this one). ``WORK_DIR --print``
-only prints the BLEU table of a work dir. Tables that score a run WORK_DIR has
-no score for are not overwritten (a work dir of a few runs would blank the
-others' rows) unless --replace is given.
+only prints the BLEU table of a work dir.
 """
 
 import argparse
@@ -22,7 +29,8 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-KEPT_TABLES_STATUS = 3  # exit status: tables kept, WORK lacks scores they have (results.sh)
+OTHER_BUDGET_STATUS = 3  # exit status: WORK has another budget than scores/ (results.sh prints it)
+SCORES = "scores"  # RESULTS_DIR/scores: the committed score records
 
 
 def _manifest():
@@ -54,12 +62,34 @@ def runs():
     return rows + [(name, *described[name]) for name in EXPERIMENTS.TABLE_EXTRA_ROWS]
 
 
-def cps_of(work, name):
-    log = Path(work) / "results" / f"{name}.gen.log"
-    if not log.is_file():
+def counted_cps(gen_log):
+    """(CPS, global attention's CPS) that a decoding log counted, or None."""
+    if not gen_log.is_file():
         return None
-    found = re.search(r"CPS ([\d.]+) \(global attention ([\d.]+)\)", log.read_text())
+    found = re.search(r"CPS ([\d.]+) \(global attention ([\d.]+)\)", gen_log.read_text())
     return (float(found.group(1)), float(found.group(2))) if found else None
+
+
+def collect(work, scores):
+    """Copy the score records of ``work`` (results/NAME[.valid].json of
+    evaluate.sh, with the CPS of their decoding logs) into ``scores``; False,
+    copying nothing, when ``work`` was trained with another budget than the
+    records there."""
+    budget, committed = load(work / "budget.json"), load(scores / "budget.json")
+    if committed is not None and budget != committed:
+        return False
+    scores.mkdir(parents=True, exist_ok=True)
+    if committed is None and budget is not None:
+        (scores / "budget.json").write_text(json.dumps(budget, indent=2) + "\n")
+    for path in sorted((work / "results").glob("*.json")):
+        record = load(path)
+        if not isinstance(record, dict) or "bleu_tok_lc" not in record:
+            continue
+        cps = counted_cps(path.with_suffix(".gen.log"))
+        if cps:
+            record.update(cps=cps[0], cps_global=cps[1])
+        (scores / path.name).write_text(json.dumps(record, indent=2) + "\n")
+    return True
 
 
 def by_model(benchmark):
@@ -70,9 +100,9 @@ def fmt(value, spec, missing="—"):
     return missing if value is None else format(value, spec)
 
 
-def budget_note(work):
-    """How the runs of ``work`` were trained, from the budget.json results.sh writes."""
-    budget = load(Path(work) / "budget.json")
+def budget_note(scores):
+    """How the runs scored in ``scores`` were trained, from the budget.json results.sh writes."""
+    budget = load(Path(scores) / "budget.json")
     if not budget:
         return "identical training budget (examples/multi30k/common.sh)"
     return (f"identical training budget: {budget['epochs']} epochs of {budget['max_tokens']}-token "
@@ -99,13 +129,14 @@ def speed_note(small, base):
                    "results/speed_*.json).")
 
 
-def cps_table(work):
+def cps_table(scores):
     rows, counted = [], False
     for name, what in EXPERIMENTS.CPS_ROWS:
-        bleu, cps = load(Path(work) / "results" / f"{name}.json"), cps_of(work, name)
-        counted = counted or cps is not None
+        bleu = load(Path(scores) / f"{name}.json")
         if bleu is None:
             continue
+        cps = (bleu["cps"], bleu["cps_global"]) if "cps" in bleu else None
+        counted = counted or cps is not None
         rows.append(f"| {what} | {fmt(cps and cps[0], '.1f', 'all (global)')} | "
                     f"{fmt(cps and 100 * (1 - cps[0] / cps[1]), '.0f')}{'%' if cps else ''} | "
                     f"{bleu['bleu_tok_lc']:.2f} |")
@@ -116,13 +147,13 @@ def cps_table(work):
             "|---|---|---|---|\n" + "\n".join(rows) + "\n")
 
 
-def bleu_table(work):
-    """The BLEU of every scored row of ``work`` (validation and test2016), or ''."""
+def bleu_table(scores):
+    """The BLEU of every row scored in ``scores`` (validation and test2016), or ''."""
     rows = []
     for name, _, what in runs():
-        bleu = load(Path(work) / "results" / f"{name}.json")
+        bleu = load(Path(scores) / f"{name}.json")
         if bleu:
-            valid = load(Path(work) / "results" / f"{name}.valid.json")
+            valid = load(Path(scores) / f"{name}.valid.json")
             rows.append(f"| `{name}` | {what} | {fmt(valid and valid['bleu_tok_lc'], '.2f')} | "
                         f"{bleu['bleu_tok_lc']:.2f} | {bleu['sacrebleu']:.2f} |")
     if not rows:
@@ -131,17 +162,17 @@ def bleu_table(work):
             "|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
 
 
-def parity_table(work):
+def parity_table(scores):
     """Hard retrieval against soft attention trained the same way (issue 18):
     validation BLEU (where recipes are chosen) and test2016 (reported)."""
     runs = {r.name: r for r in EXPERIMENTS.TRAINED}
     rows = []
     for hard, soft in EXPERIMENTS.PARITY_PAIRS:
-        scores = {name: (load(Path(work) / "results" / f"{name}.valid.json"),
-                         load(Path(work) / "results" / f"{name}.json")) for name in (hard, soft)}
-        if not all(scores[hard]) or not all(scores[soft]):
+        pair = {name: (load(Path(scores) / f"{name}.valid.json"),
+                       load(Path(scores) / f"{name}.json")) for name in (hard, soft)}
+        if not all(pair[hard]) or not all(pair[soft]):
             continue
-        (hard_valid, hard_test), (soft_valid, soft_test) = scores[hard], scores[soft]
+        (hard_valid, hard_test), (soft_valid, soft_test) = pair[hard], pair[soft]
         rows.append(f"| `{hard}` | {runs[hard].what} | `{soft}` | "
                     f"{hard_valid['bleu_tok_lc']:.2f} / {soft_valid['bleu_tok_lc']:.2f} | "
                     f"{hard_valid['bleu_tok_lc'] - soft_valid['bleu_tok_lc']:+.2f} | "
@@ -154,7 +185,7 @@ def parity_table(work):
 
 
 def reference_table(reference):
-    table = bleu_table(reference)
+    table = bleu_table(reference / "results")
     return (f"\n### Other budget\n\nThe same recipe with another budget ({budget_note(reference)}):"
             f"\n\n{table}") if table else ""
 
@@ -176,12 +207,10 @@ def main(argv=None):
                         help="records of a shorter budget's table: their BLEU as a column")
     parser.add_argument("--readme", type=Path, default=REPO / "README.md",
                         help="README whose results markers receive the table")
-    parser.add_argument("--replace", action="store_true",
-                        help="write the tables even where WORK lacks scores the current ones have")
     args = parser.parse_args(argv)
     work, results = args.work, args.results
     if args.print:
-        print(bleu_table(work) or f"no scored runs in {work}")
+        print(bleu_table(work / "results") or f"no scored runs in {work}")
         return
     if results is None:
         parser.error("give RESULTS_DIR (or --print)")
@@ -189,6 +218,13 @@ def main(argv=None):
         parser.error(f"--short-budget {args.short_budget}: no such file")
     if not args.readme.is_file():
         parser.error(f"--readme {args.readme}: no such file")
+    scores = results / SCORES
+    if not collect(work, scores):
+        # its own status, so that results.sh tells this refusal from a failure
+        parser.exit(OTHER_BUDGET_STATUS,
+                    f"{parser.prog}: error: {work} was trained with another budget than the records "
+                    f"in {scores} (budget.json): not merging its scores into the tables (--print "
+                    "shows them; --reference adds them as a second table)\n")
     speed_benchmarks = [load(results / f"{name}.json") for name in EXPERIMENTS.TABLE_SPEED_BENCHMARKS]
     small_benchmark, base_benchmark = speed_benchmarks[0], load(results / "speed_base.json")
     small, base = by_model(small_benchmark), by_model(base_benchmark)
@@ -203,7 +239,7 @@ def main(argv=None):
         if args.short_budget else None
     table, records, any_measured_later = [], [], False
     for name, arch, what in runs():
-        bleu = load(work / "results" / f"{name}.json")
+        bleu = load(scores / f"{name}.json")
         if bleu is None and name not in small and not (short and short.get(name)):
             continue
         measured_later = name not in small and name in later
@@ -236,17 +272,6 @@ def main(argv=None):
             f"{fmt(record['base_speed_vs_soft'], '.2f')}{'x' if record['base_speed_vs_soft'] else ''} | "
             f"{fmt(record['train_speed_vs_soft'], '.2f')}{'x' if record['train_speed_vs_soft'] else ''} | "
             f"{fmt(record['peak_mb_train'], '.0f')} / {fmt(record['peak_mb_decode'], '.0f')} |")
-    # a work dir of a few runs (e.g. a longer budget's) would blank the others' rows;
-    # its own status, so that results.sh tells this refusal from a failure
-    scored = {r["name"] for r in records if r["bleu_tok_lc"] is not None}
-    lost = [r["name"] for r in load(results / "results.json") or []
-            if r.get("bleu_tok_lc") is not None and r["name"] not in scored]
-    if lost and not args.replace:
-        parser.exit(KEPT_TABLES_STATUS,
-                    f"{parser.prog}: error: {work} has no scores for {len(lost)} run(s) the tables in "
-                    f"{results} score ({', '.join(lost[:4])}{', ...' if len(lost) > 4 else ''}): "
-                    "not overwriting them (--replace to write anyway; --print to show this work "
-                    "dir's scores)\n")
     short_column = " test2016 BLEU, short budget |" if short is not None else ""
     header = (
         "| run | what it changes | test2016 BLEU (tok, lc) | sacreBLEU (lc) |" + short_column
@@ -254,22 +279,22 @@ def main(argv=None):
         "speed vs soft, Base dims | train speed vs soft | peak MB train / decode |\n"
         "|---|---|---|---|" + "---|" * bool(short_column) + "---|---|---|---|---|---|---|")
     markdown = header + "\n" + "\n".join(table)
-    signature = next((load(p).get("sacrebleu_signature") for p in sorted((work / "results").glob("*.json"))
+    signature = next((load(p).get("sacrebleu_signature") for p in sorted(scores.glob("*.json"))
                       if load(p) and load(p).get("sacrebleu_signature")), None)
     notes = ("\nMulti30k en-de test2016 (1000 sentences), small preset (4+4 layers, d=128, FFN 256, "
-             f"4 heads), {budget_note(work)}. {speed_note(small_benchmark, base_benchmark)} "
+             f"4 heads), {budget_note(scores)}. {speed_note(small_benchmark, base_benchmark)} "
              + (f"‡: measured later with the same settings ({', '.join(EXPERIMENTS.TABLE_SPEED_BENCHMARKS[1:])}"
                 "; its ratios are to the soft baseline of that run). " if any_measured_later else "")
              + (f"sacreBLEU signature: `{signature}`." if signature else "")
              + (f" \"Short budget\": test2016 BLEU of the same recipe with a shorter budget "
                 f"({args.short_budget.name}), for the rows not yet trained with this one."
                 if short is not None else "")
-             + "\n" + cps_table(work) + (reference_table(args.reference) if args.reference else ""))
-    parity = parity_table(work)
+             + "\n" + cps_table(scores) + (reference_table(args.reference) if args.reference else ""))
+    parity = parity_table(scores)
     if parity:
         (results / "hard_parity.md").write_text(
             "# Hard retrieval attention toward parity with soft attention\n\n"
-            f"Multi30k en-de, small preset, {budget_note(work)}; tokenized lowercased BLEU.\n\n"
+            f"Multi30k en-de, small preset, {budget_note(scores)}; tokenized lowercased BLEU.\n\n"
             + parity)
     (results / "README.md").write_text("# Results\n\n" + markdown + "\n" + notes + "\n"
                                        + files_section(results))

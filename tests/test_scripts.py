@@ -3,6 +3,7 @@ progress, and writes outputs whose contents make sense."""
 
 import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -246,17 +247,37 @@ def test_results_table_fills_the_readme_markers(tmp_path):
     assert "| 4.5 | 70% | 30.00 |" in text  # CPS, fewer score computations than global, BLEU
     records = json.loads((results / "results.json").read_text())
     assert {r["name"] for r in records} == {"soft", "hard", "soft_pre"}
-    # a work dir of a few runs (e.g. a longer budget's) does not blank the other rows
+    # the scores are kept beside the tables, the CPS of a decoding log with its record
+    kept = json.loads((results / "scores" / "flexible_auto.json").read_text())
+    assert (kept["bleu_tok_lc"], kept["cps"], kept["cps_global"]) == (30.0, 4.5, 15.0)
+    assert json.loads((results / "scores" / "budget.json").read_text())["epochs"] == 3
+    # so the tables outlive the work dir: a work dir of a few runs adds its rows
+    # to the others, and a retrained run replaces its record
+    shutil.rmtree(work)
     partial = tmp_path / "partial"
     (partial / "results").mkdir(parents=True)
-    (partial / "results" / "hard.json").write_text(json.dumps({"sentences": 10, "bleu_tok_lc": 31.0,
-                                                               "sacrebleu": 30.9}))
-    proc = script("results_table.py", partial, results, "--readme", readme, check=False)
-    assert proc.returncode == 3 and "no scores for 2 run(s)" in proc.stderr  # results.sh's status
-    assert "soft, soft_pre" in proc.stderr and "Traceback" not in proc.stderr
-    assert readme.read_text() == text and json.loads((results / "results.json").read_text()) == records
-    script("results_table.py", partial, results, "--readme", readme, "--replace")
-    assert "31.00" in readme.read_text() and "30.50" not in readme.read_text()
+    (partial / "budget.json").write_text((results / "scores" / "budget.json").read_text())
+    for name, bleu in (("hard", 31.0), ("aan", 28.0)):
+        (partial / "results" / f"{name}.json").write_text(json.dumps(
+            {"sentences": 10, "bleu_tok_lc": bleu, "sacrebleu": bleu}))
+    script("results_table.py", partial, results, "--readme", readme)
+    text = readme.read_text()
+    assert "31.00" in text and "29.25" not in text and "| `aan` |" in text and "28.00" in text
+    assert "30.50" in text and "| 4.5 | 70% | 30.00 |" in text  # soft and the CPS row stay
+    assert {r["name"] for r in json.loads((results / "results.json").read_text())} == \
+        {"soft", "hard", "soft_pre", "aan"}
+    # a work dir of another budget (a longer one's pair) is not merged: results.sh prints it
+    longer = tmp_path / "longer"
+    (longer / "results").mkdir(parents=True)
+    (longer / "budget.json").write_text(json.dumps(
+        {"epochs": 60, "warmup_updates": 100, "max_tokens": 512, "average_last": 2, "seed": 7, "beam": 4}))
+    (longer / "results" / "soft.json").write_text(json.dumps({"sentences": 10, "bleu_tok_lc": 35.0,
+                                                              "sacrebleu": 35.0}))
+    proc = script("results_table.py", longer, results, "--readme", readme, check=False)
+    assert proc.returncode == 3 and "another budget" in proc.stderr  # results.sh's status
+    assert "Traceback" not in proc.stderr
+    assert readme.read_text() == text and json.loads((results / "scores" / "soft.json").read_text())[
+        "bleu_tok_lc"] == 30.5
 
 
 def test_results_table_short_budget_column_and_parity_table(tmp_path):
@@ -365,9 +386,10 @@ def results_sh_with_stand_ins(tmp_path, only, failing_run="-", failing_translati
     for name in ("common.sh", "experiments.py"):
         (m30k / name).write_text((REPO / "examples" / "multi30k" / name).read_text())
     (repo / "README.md").write_text("<!-- results:start -->\n<!-- results:end -->\n")
-    # tables that score a run this work dir does not are kept, its scores printed
-    (repo / "results").mkdir()
+    # tables of another budget than this work dir's are kept, its scores printed
+    (repo / "results" / "scores").mkdir(parents=True)
     (repo / "results" / "results.json").write_text(json.dumps([{"name": "aan", "bleu_tok_lc": 22.5}]))
+    (repo / "results" / "scores" / "budget.json").write_text(json.dumps({"epochs": 60}))
     (m30k / "prepare.sh").write_text("true\n")
     journal = tmp_path / "journal"
     (m30k / "train.sh").write_text(
@@ -426,7 +448,7 @@ def test_results_sh_starts_each_fine_tuning_once_its_start_run_is_trained(tmp_pa
         assert {("test", name, name), ("valid", name, name)} <= scored
     assert ("test", "soft", "fairseq") in scored and ("test", "flexible", "flexible_auto") in scored
     assert not any(run == "soft_pre" for _, run, _ in scored)
-    assert "tables not written (REPLACE_TABLES=1 writes them)" in proc.stderr
+    assert "tables not written" in proc.stderr and "another budget" in proc.stderr
     repo = tmp_path / "repo"
     assert (repo / "README.md").read_text() == "<!-- results:start -->\n<!-- results:end -->\n"
     assert json.loads((repo / "results" / "results.json").read_text())[0]["name"] == "aan"

@@ -258,6 +258,15 @@ HARD_PRE_ARGMAX_DROP02 = replace(HARD_PRE_ARGMAX, name="hard_pre_argmax_drop02",
                                  what="the parity recipe with dropout 0.2 (the recipe: 0.3)")
 SOFT_PRE_DROP02 = replace(SOFT_PRE, name="soft_pre_drop02", flags="--dropout 0.2",
                           what="soft_pre with dropout 0.2 (hard_pre_argmax_drop02's soft counterpart)")
+# less dropout still: at 0.2 hard retrieval gained more than soft on both seeds
+HARD_PRE_ARGMAX_DROP01 = replace(HARD_PRE_ARGMAX, name="hard_pre_argmax_drop01", flags="--dropout 0.1",
+                                 what="the parity recipe with dropout 0.1 (the recipe: 0.3)")
+SOFT_PRE_DROP01 = replace(SOFT_PRE, name="soft_pre_drop01", flags="--dropout 0.1",
+                          what="soft_pre with dropout 0.1 (hard_pre_argmax_drop01's soft counterpart)")
+# cross+self with the parity recipe's pre-norm layers (target: within 0.3 of soft_pre)
+CROSS_SELF_PRE = Run("cross_self_pre", "transformer_cross_self_small",
+                     "--encoder-normalize-before --decoder-normalize-before",
+                     "cross+self attention with pre-norm layers (soft counterpart: soft_pre)")
 # where the gap comes from, trained from scratch: hard retrieval in decoder
 # self-attention only (the conversion closest to parity), cross-attention soft
 HARD_PRE_SELF = replace(HARD_PRE_ARGMAX, name="hard_pre_self", flags="--dec-cross-attn-kind soft",
@@ -287,6 +296,12 @@ PARITY_RUNS = (
     reseeded(SOFT_PRE_DROP02, 2),
     HARD_PRE_SELF,
     reseeded(HARD_PRE_SELF, 2),
+    HARD_PRE_ARGMAX_DROP01,
+    SOFT_PRE_DROP01,
+    reseeded(HARD_PRE_ARGMAX_DROP01, 2),
+    reseeded(SOFT_PRE_DROP01, 2),
+    CROSS_SELF_PRE,
+    reseeded(CROSS_SELF_PRE, 2),
     # sequence-level distillation (Kim and Rush, 2016): soft_pre's beam
     # translations of the training sources replace the references, for the
     # hard recipe and its soft counterpart alike
@@ -325,6 +340,8 @@ PARITY_PAIRS = (("hard", "soft"), ("hard_pre", "soft_pre"), ("hard_pre_argmax", 
                 ("hard_pre_argmax_drop02", "soft_pre_drop02"), ("hard_pre_argmax_drop02", "soft_pre"),
                 ("hard_pre_argmax_drop02_s2", "soft_pre_drop02_s2"),
                 ("hard_pre_self", "soft_pre"), ("hard_pre_self_s2", "soft_pre_s2"),
+                ("hard_pre_argmax_drop01", "soft_pre_drop01"),
+                ("hard_pre_argmax_drop01_s2", "soft_pre_drop01_s2"),
                 ("hard_pre_argmax_seqkd", "soft_pre_seqkd"), ("hard_pre_argmax_seqkd", "soft_pre"),
                 ("hard_pre_argmax_from_soft_seqkd", "soft_pre_more_seqkd"),
                 ("hard_pre_argmax_from_soft_seqkd", "soft_pre"))
