@@ -129,6 +129,20 @@ def speed_note(small, base):
                    "results/speed_*.json).")
 
 
+def gpu_note(gpu):
+    """What the GPU column shows, from its benchmark's settings, or that it waits for a GPU."""
+    if not gpu:
+        return (f"GPU column: not measured yet: no session has had a GPU "
+                f"(`scripts/gpu_results.sh results` on one fills it from "
+                f"results/{EXPERIMENTS.TABLE_GPU_BENCHMARK}.json).")
+    s = gpu["settings"]
+    return (f"GPU column: {s.get('device_name', 'GPU')}, Transformer Base dims, random weights, "
+            f"{s.get('src_len', '?')}-token sources decoded to exactly {s.get('fixed_output_len', '?')} "
+            f"tokens, batch {s.get('batch_size', '?')}, beam {s.get('beam', '?')}, {s.get('dtype', '?')}; "
+            f"ratios to fairseq's own transformer on the same inputs "
+            f"(results/{EXPERIMENTS.TABLE_GPU_BENCHMARK}.md).")
+
+
 def cps_table(scores):
     rows, counted = [], False
     for name, what in EXPERIMENTS.CPS_ROWS:
@@ -228,6 +242,8 @@ def main(argv=None):
     speed_benchmarks = [load(results / f"{name}.json") for name in EXPERIMENTS.TABLE_SPEED_BENCHMARKS]
     small_benchmark, base_benchmark = speed_benchmarks[0], load(results / "speed_base.json")
     small, base = by_model(small_benchmark), by_model(base_benchmark)
+    gpu_benchmark = load(results / f"{EXPERIMENTS.TABLE_GPU_BENCHMARK}.json")
+    gpu = by_model(gpu_benchmark)
     # rows the first benchmark did not measure, from a later one (marked ‡)
     later = {}
     for benchmark in reversed(speed_benchmarks[1:]):
@@ -258,6 +274,7 @@ def main(argv=None):
             "speed_vs_soft": speed.get("decode_speedup"),
             "pct_of_attention_free_limit": speed.get("pct_of_attention_free_limit"),
             "base_speed_vs_soft": base_arch.get("decode_speedup"),
+            "gpu_speed_vs_fairseq": gpu.get(name, {}).get("decode_speedup"),
             "train_speed_vs_soft": speed.get("train_speed_ratio"),
             "peak_mb_train": mem.get("train"), "peak_mb_decode": mem.get("decode"),
         }
@@ -270,19 +287,21 @@ def main(argv=None):
             f"{fmt(record['sentences_per_s'], '.1f')}{'‡' * measured_later} | {fmt(record['speed_vs_soft'], '.2f')}{'x' if record['speed_vs_soft'] else ''} | "
             f"{fmt(record['pct_of_attention_free_limit'], '.0f')}{'%' if record['pct_of_attention_free_limit'] else ''} | "
             f"{fmt(record['base_speed_vs_soft'], '.2f')}{'x' if record['base_speed_vs_soft'] else ''} | "
+            f"{fmt(record['gpu_speed_vs_fairseq'], '.2f')}{'x' if record['gpu_speed_vs_fairseq'] else ''} | "
             f"{fmt(record['train_speed_vs_soft'], '.2f')}{'x' if record['train_speed_vs_soft'] else ''} | "
             f"{fmt(record['peak_mb_train'], '.0f')} / {fmt(record['peak_mb_decode'], '.0f')} |")
     short_column = " test2016 BLEU, short budget |" if short is not None else ""
     header = (
         "| run | what it changes | test2016 BLEU (tok, lc) | sacreBLEU (lc) |" + short_column
         + " params (M) | sent/s (small, CPU) | speed vs soft | % of attention-free limit | "
-        "speed vs soft, Base dims | train speed vs soft | peak MB train / decode |\n"
-        "|---|---|---|---|" + "---|" * bool(short_column) + "---|---|---|---|---|---|---|")
+        "speed vs soft, Base dims | speed vs fairseq, GPU | train speed vs soft | peak MB train / decode |\n"
+        "|---|---|---|---|" + "---|" * bool(short_column) + "---|---|---|---|---|---|---|---|")
     markdown = header + "\n" + "\n".join(table)
     signature = next((load(p).get("sacrebleu_signature") for p in sorted(scores.glob("*.json"))
                       if load(p) and load(p).get("sacrebleu_signature")), None)
     notes = ("\nMulti30k en-de test2016 (1000 sentences), small preset (4+4 layers, d=128, FFN 256, "
              f"4 heads), {budget_note(scores)}. {speed_note(small_benchmark, base_benchmark)} "
+             f"{gpu_note(gpu_benchmark)} "
              + (f"‡: measured later with the same settings ({', '.join(EXPERIMENTS.TABLE_SPEED_BENCHMARKS[1:])}"
                 "; its ratios are to the soft baseline of that run). " if any_measured_later else "")
              + (f"sacreBLEU signature: `{signature}`." if signature else "")

@@ -245,6 +245,7 @@ def test_results_table_fills_the_readme_markers(tmp_path):
     assert "3 epochs of 512-token batches" in text
     assert "first 10 test sentences, exactly 20 output tokens each with beam 4, batch 5" in text
     assert "| 4.5 | 70% | 30.00 |" in text  # CPS, fewer score computations than global, BLEU
+    assert "GPU column: not measured yet" in text  # no GPU benchmark in results/
     records = json.loads((results / "results.json").read_text())
     assert {r["name"] for r in records} == {"soft", "hard", "soft_pre"}
     # the scores are kept beside the tables, the CPS of a decoding log with its record
@@ -260,8 +261,16 @@ def test_results_table_fills_the_readme_markers(tmp_path):
     for name, bleu in (("hard", 31.0), ("aan", 28.0)):
         (partial / "results" / f"{name}.json").write_text(json.dumps(
             {"sentences": 10, "bleu_tok_lc": bleu, "sacrebleu": bleu}))
+    # the GPU column: one benchmark of the GPU matrix, ratios to fairseq's transformer
+    gpu_settings = {"device_name": "NVIDIA H100", "src_len": 100, "fixed_output_len": 100,
+                    "batch_size": 128, "beam": 4, "dtype": "fp16"}
+    (results / "speed_gpu_100tok_batch128_fp16.json").write_text(json.dumps(
+        {"settings": gpu_settings, "results": [{"model": "fairseq", "decode_speedup": 1.0},
+                                               {"model": "hard", "decode_speedup": 1.625}]}))
     script("results_table.py", partial, results, "--readme", readme)
     text = readme.read_text()
+    assert "| 1.62x | " in text and "GPU column: NVIDIA H100, Transformer Base dims" in text
+    assert "batch 128, beam 4, fp16" in text and "not measured yet" not in text
     assert "31.00" in text and "29.25" not in text and "| `aan` |" in text and "28.00" in text
     assert "30.50" in text and "| 4.5 | 70% | 30.00 |" in text  # soft and the CPS row stay
     assert {r["name"] for r in json.loads((results / "results.json").read_text())} == \

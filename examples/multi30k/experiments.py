@@ -505,6 +505,8 @@ GPU_BENCHMARKS = tuple(
               f"--src-len {src_len} --num-sentences {2 * batch} --batch-size {batch} "
               f"--fixed-output-len {src_len} --beam 4 --reps 5 --baseline fairseq")
     for src_len in (30, 100, 200) for batch in (64, 128, 256) for dtype in ("fp32", "fp16"))
+# the main table's GPU column: one cell of that matrix (ratios to fairseq's transformer)
+TABLE_GPU_BENCHMARK = "speed_gpu_100tok_batch128_fp16"
 
 # what each other output of scripts/results.sh shows (results/README.md's file list)
 OUTPUTS = {
