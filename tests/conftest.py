@@ -1,10 +1,14 @@
 """Shared helpers: tiny in-process models and a tiny preprocessed data set."""
 
 import argparse
+import json
 import os
 import re
+import select
+import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -109,13 +113,50 @@ def tool_env(**extra):
     return env
 
 
+class ForkServer:
+    """This test process's ``cli_forkserver``: started with ``tool_env()`` on its
+    first command, it runs each console script in a forked child."""
+
+    process = None
+
+    @classmethod
+    def run(cls, script, args, cwd, input, timeout):
+        if cls.process is None:
+            cls.process = subprocess.Popen(
+                [sys.executable, str(Path(__file__).with_name("cli_forkserver.py"))],
+                env=tool_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                bufsize=0)  # unbuffered: a line read never takes the next one, which select waits for
+        with tempfile.TemporaryDirectory() as tmp:
+            files = {name: os.path.join(tmp, name) for name in ("stdin", "stdout", "stderr")}
+            Path(files["stdin"]).write_text(input or "")
+            request = dict(script=str(script), argv=args, cwd=str(cwd or os.getcwd()), **files)
+            cls.process.stdin.write(json.dumps(request).encode() + b"\n")
+            pid = json.loads(cls.process.stdout.readline())["pid"]
+            if not select.select([cls.process.stdout], [], [], timeout)[0]:
+                os.kill(pid, signal.SIGKILL)
+                cls.process.stdout.readline()
+                raise subprocess.TimeoutExpired([str(script), *args], timeout)
+            returncode = json.loads(cls.process.stdout.readline())["returncode"]
+            return subprocess.CompletedProcess(
+                [str(script), *args], returncode, Path(files["stdout"]).read_text(),
+                Path(files["stderr"]).read_text())
+
+
 def run_cli(tool, *args, cwd=None, check=True, timeout=600, input=None, env=None):
-    """Run a fairseq console script (fairseq-train, ...) of this environment."""
+    """Run a fairseq console script (fairseq-train, ...) of this environment: in
+    a child forked from the ForkServer (no imports to repeat), or where it needs
+    another environment, or TEST_CLI_FORKSERVER=0 is set, as a subprocess (as
+    any other tool)."""
     exe = BIN_DIR / tool
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m",
-                                           "fairseq_cli." + tool.split("-", 1)[1]]
-    proc = subprocess.run(cmd + [str(a) for a in args], cwd=cwd, env=env or tool_env(),
-                          input=input, capture_output=True, text=True, timeout=timeout)
+    args = [str(a) for a in args]
+    console_script = tool.startswith("fairseq-") and exe.exists()
+    if console_script and env is None and os.environ.get("TEST_CLI_FORKSERVER") != "0":
+        proc = ForkServer.run(exe, args, cwd, input, timeout)
+    else:
+        cmd = [str(exe)] if exe.exists() else [sys.executable, "-m",
+                                               "fairseq_cli." + tool.split("-", 1)[1]]
+        proc = subprocess.run(cmd + args, cwd=cwd, env=env or tool_env(),
+                              input=input, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(
             f"{tool} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"

@@ -11,9 +11,11 @@ from conftest import (
     TEST_SENTENCES,
     TINY_DIM_FLAGS,
     TRAIN_FLAGS,
+    USER_DIR,
     generate,
     hypotheses,
     run_cli,
+    tool_env,
     train,
 )
 
@@ -179,3 +181,36 @@ def test_preset_name_does_not_silently_override_a_checkpoints_own_kinds(reorder_
                    "--model-overrides", "{'_name': 'transformer_hard_dec_small'}")
     assert "which the preset transformer_hard_dec_small does not change" in out.stderr
     assert "'dec_self_attn_kind': 'hard'" in out.stderr  # how to switch instead
+
+
+def test_console_scripts_in_the_forkserver_behave_as_fresh_processes(trained_checkpoints,
+                                                                    reorder_data, tmp_path):
+    """The tests run fairseq's console scripts in children of one process that
+    imported torch and fairseq (``cli_forkserver``); a fresh process (any
+    ``env`` makes ``run_cli`` start one) prints the same translations, the same
+    log lines on the same stream (timings aside) and the same one-line error."""
+    def normalized(text):
+        return re.sub(r"\d+(\.\d+)?(e-?\d+)?", "N", text).splitlines()
+
+    commands = [
+        ("fairseq-generate", reorder_data, "--user-dir", USER_DIR, "--path",
+         trained_checkpoints["hard"], "--beam", 4, "--cpu", "--print-alignment"),
+        ("fairseq-interactive", reorder_data, "--user-dir", USER_DIR, "--path",
+         trained_checkpoints["soft"], "--beam", 2, "--cpu", "--source-lang", "src",
+         "--target-lang", "tgt"),
+        ("fairseq-train", reorder_data, "--arch", "transformer_hard_dec", *TRAIN_FLAGS,
+         *TINY_DIM_FLAGS, "--max-update", 1, "--save-dir", tmp_path, "--no-save"),
+        ("fairseq-train", reorder_data, "--arch", "transformer_hard_dec", *TRAIN_FLAGS,
+         "--dec-self-attn-kind", "fuzzy", "--save-dir", tmp_path),
+        ("fairseq-generate", reorder_data, "--user-dir", USER_DIR, "--path",
+         trained_checkpoints["hard"], "--cpu", "--model-overrides",
+         "{'dec_cross_attn_kind': 'fuzzy'}"),
+    ]
+    for tool, *args in commands:
+        forked = run_cli(tool, *args, check=False, input="s1 s2 s3\ns4\n")
+        fresh = run_cli(tool, *args, check=False, input="s1 s2 s3\ns4\n", env=tool_env())
+        assert forked.returncode == fresh.returncode, tool
+        assert normalized(forked.stdout) == normalized(fresh.stdout), tool
+        assert normalized(forked.stderr) == normalized(fresh.stderr), tool
+    assert forked.returncode != 0 and "Traceback" not in forked.stderr
+    assert "fairseq-hardattn: error: unknown --dec-cross-attn-kind 'fuzzy'" in forked.stderr
