@@ -238,6 +238,10 @@ DECODES = (
            "hard_pre trained hard, decoded soft (Table 4)"),
     Decode("hard_pre_argmax_decoded_soft", "hard_pre_argmax", SOFT_KINDS,
            "hard_pre_argmax trained hard, decoded soft (Table 4)"),
+    Decode("soft_pre_drop01_decoded_hard", "soft_pre_drop01", HARD_KINDS,
+           "soft_pre_drop01 trained soft, decoded with hard retrieval (Table 4)"),
+    Decode("hard_pre_argmax_drop01_decoded_soft", "hard_pre_argmax_drop01", SOFT_KINDS,
+           "hard_pre_argmax_drop01 trained hard, decoded soft (Table 4)"),
     # fairseq's own cross+self decodes the cross_self checkpoint (identical training)
     Decode("fairseq_cross_self", "cross_self", {"_name": "transformer"},
            "fairseq's own cross+self attention (the peer; same trained weights as cross_self)"),
