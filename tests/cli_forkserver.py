@@ -21,12 +21,13 @@ import os
 import re
 import runpy
 import sys
+from pathlib import Path
 
 
 def configures_logging_first(module_file):
     """Whether a module calls logging.basicConfig before it imports fairseq."""
     top_level = re.findall(r"^(logging\.basicConfig\(|from fairseq\b|import fairseq\b)",
-                           open(module_file).read(), flags=re.M)
+                           Path(module_file).read_text(), flags=re.M)
     return bool(top_level) and top_level[0].startswith("logging")
 
 
@@ -37,13 +38,15 @@ def run_console_script(request):
     for fd, (path, mode) in enumerate([(request["stdin"], os.O_RDONLY),
                                        (request["stdout"], written),
                                        (request["stderr"], written)]):
-        os.dup2(os.open(path, mode, 0o644), fd)
+        opened = os.open(path, mode, 0o644)
+        os.dup2(opened, fd)
+        os.close(opened)  # the file stays open as fd 0-2 only
     script = request["script"]
     sys.argv = [script, *request["argv"]]
     sys.path[0] = os.path.dirname(script)
     # the root logger as a fresh process leaves it: fairseq's import configures
     # it (stderr) unless the entry module does so first (fairseq_cli.train: stdout)
-    entry = re.search(r"^from (\S+) import", open(script).read(), flags=re.M)
+    entry = re.search(r"^from (\S+) import", Path(script).read_text(), flags=re.M)
     if entry and configures_logging_first(importlib.util.find_spec(entry.group(1)).origin):
         logging.getLogger().handlers.clear()
         logging.getLogger().setLevel(logging.WARNING)

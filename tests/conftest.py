@@ -129,17 +129,17 @@ class ForkServer:
         with tempfile.TemporaryDirectory() as tmp:
             files = {name: os.path.join(tmp, name) for name in ("stdin", "stdout", "stderr")}
             Path(files["stdin"]).write_text(input or "")
+            command = [str(script), *args]
             request = dict(script=str(script), argv=args, cwd=str(cwd or os.getcwd()), **files)
             cls.process.stdin.write(json.dumps(request).encode() + b"\n")
             pid = json.loads(cls.process.stdout.readline())["pid"]
             if not select.select([cls.process.stdout], [], [], timeout)[0]:
                 os.kill(pid, signal.SIGKILL)
                 cls.process.stdout.readline()
-                raise subprocess.TimeoutExpired([str(script), *args], timeout)
+                raise subprocess.TimeoutExpired(command, timeout)
             returncode = json.loads(cls.process.stdout.readline())["returncode"]
-            return subprocess.CompletedProcess(
-                [str(script), *args], returncode, Path(files["stdout"]).read_text(),
-                Path(files["stderr"]).read_text())
+            return subprocess.CompletedProcess(command, returncode, Path(files["stdout"]).read_text(),
+                                               Path(files["stderr"]).read_text())
 
 
 def run_cli(tool, *args, cwd=None, check=True, timeout=600, input=None, env=None):
