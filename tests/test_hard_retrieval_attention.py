@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from fairseq_hardattn.modules import (
+    EntropyPenalty,
     HardRetrievalAttention,
     StraightThroughRetrieval,
     sample_key_indices,
@@ -367,8 +368,60 @@ def test_tempered_weights_are_the_powers_of_the_weights_with_zeros_kept():
                                                   dtype=torch.float64))
 
 
+def test_entropy_penalty_gradient_is_that_of_the_weighted_summed_entropy():
+    torch.manual_seed(0)
+    scores = torch.randn(3, 4, 6, dtype=torch.float64)
+    scores[0, :, 4:] = float("-inf")  # padded keys: P = 0 there
+    upstream = torch.randn(3, 4, 6, dtype=torch.float64)
+
+    def score_gradient(loss_of):
+        leaf = scores.clone().requires_grad_()
+        loss_of(leaf).backward()
+        return leaf.grad
+
+    def entropy(p):
+        return -(p * p.clamp_min(1e-300).log()).sum()
+
+    penalised = score_gradient(
+        lambda s: (EntropyPenalty.apply(F.softmax(s, -1), 0.3) * upstream).sum())
+    explicit = score_gradient(lambda s: (F.softmax(s, -1) * upstream).sum() + 0.3 * entropy(F.softmax(s, -1)))
+    torch.testing.assert_close(penalised, explicit)
+    assert torch.isfinite(penalised).all() and (penalised[0, :, 4:] == 0).all()
+    plain = score_gradient(lambda s: (F.softmax(s, -1) * upstream).sum())
+    assert not torch.allclose(penalised, plain)
+
+
+def test_entropy_penalty_sharpens_training_distributions_and_leaves_inference_alone():
+    torch.manual_seed(0)
+    key = keys_with_positions(6, 2)
+    query = 0.05 * torch.randn(5, 2, EMBED, dtype=torch.float64)
+
+    def train_on_penalty_only(weight):
+        attn = position_revealing_attention(train_retrieval="argmax", entropy_penalty=weight)
+        attn.load_state_dict(reference.state_dict())
+        optimizer = torch.optim.SGD(attn.parameters(), lr=0.5)
+        for _ in range(20):
+            optimizer.zero_grad()
+            out, probs = attn.train()(query, key, key, static_kv=True, need_weights=True)
+            (0.0 * out.sum()).backward()  # the loss is flat: only the penalty moves the scores
+            optimizer.step()
+        _, probs = attn(query, key, key, static_kv=True, need_weights=True)
+        return probs.amax(-1).mean().item(), attn
+
+    reference = position_revealing_attention(train_retrieval="argmax")
+    unpenalised, _ = train_on_penalty_only(0.0)
+    sharpened, attn = train_on_penalty_only(1.0)
+    assert sharpened > unpenalised + 0.1
+    attn.eval()
+    with torch.no_grad():
+        eval_out, _ = attn(query, key, key, static_kv=True)
+        attn.entropy_penalty = 0.0
+        torch.testing.assert_close(attn(query, key, key, static_kv=True)[0], eval_out)
+
+
 @pytest.mark.parametrize("options, message", [
     (dict(train_retrieval="gumbel"), "train_retrieval must be one of"),
+    (dict(entropy_penalty=-0.1), "entropy_penalty must be >= 0"),
     (dict(anneal_updates=-1), "anneal_updates must be >= 0"),
     (dict(train_retrieval="argmax", cooling_updates=-1), "cooling_updates must be >= 0"),
     (dict(train_retrieval="sample", cooling_updates=10), "needs train_retrieval='argmax'"),

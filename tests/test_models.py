@@ -106,7 +106,14 @@ def test_the_cooling_option_reaches_every_hard_retrieval_module():
     assert all(m.cooling_updates == 40 and m.sampling_temperature() == 0.75 for m in hard)
 
 
+def test_the_entropy_penalty_reaches_every_hard_retrieval_module():
+    model = build_model("transformer_hard_dec_prenorm_small", hard_entropy_penalty=0.01)
+    hard = [m for m in model.modules() if isinstance(m, HardRetrievalAttention)]
+    assert hard and all(m.entropy_penalty == 0.01 for m in hard)
+
+
 @pytest.mark.parametrize("overrides, message", [
+    (dict(hard_entropy_penalty=-1.0), "--hard-entropy-penalty must be >= 0, got -1.0"),
     (dict(hard_cooling_updates=-1), "--hard-cooling-updates must be >= 0, got -1"),
     (dict(hard_cooling_updates=10, hard_train_retrieval="sample"),
      "--hard-cooling-updates cools sampling into the argmax: it needs --hard-train-retrieval argmax"),

@@ -224,24 +224,26 @@ FINETUNES = (
                  "(hard_pre_argmax_from_soft_seqkd's control)"),
 )
 
+def decoded_with(run: str, kind: str) -> Decode:
+    """``run`` decoded with ``kind`` attention in decoder self- and cross-attention."""
+    return Decode(f"{run}_decoded_{kind}", run, {"soft": SOFT_KINDS, "hard": HARD_KINDS}[kind],
+                  f"the `{run}` checkpoint decoded with {kind} decoder attention (Table 4)")
+
+
 _FLEXIBLE = ("flexible", "flexible_ft", "flexible_band_ft", "flexible_gate32", "flexible_gate32_band_ft",
              "flexible_ce_ft", "flexible_band_5ep_ft")
 DECODES = (
     # what users have today: the soft checkpoint decoded by fairseq's own Transformer
     Decode("fairseq", "soft", {"_name": "transformer"},
            "the soft checkpoint decoded by fairseq's own transformer (the peer)"),
-    Decode("soft_decoded_hard", "soft", HARD_KINDS, "trained soft, decoded with hard retrieval (Table 4)"),
-    Decode("hard_decoded_soft", "hard", SOFT_KINDS, "trained hard, decoded soft (Table 4)"),
-    Decode("soft_pre_decoded_hard", "soft_pre", HARD_KINDS,
-           "soft_pre trained soft, decoded with hard retrieval (Table 4 on the pre-norm models)"),
-    Decode("hard_pre_decoded_soft", "hard_pre", SOFT_KINDS,
-           "hard_pre trained hard, decoded soft (Table 4)"),
-    Decode("hard_pre_argmax_decoded_soft", "hard_pre_argmax", SOFT_KINDS,
-           "hard_pre_argmax trained hard, decoded soft (Table 4)"),
-    Decode("soft_pre_drop01_decoded_hard", "soft_pre_drop01", HARD_KINDS,
-           "soft_pre_drop01 trained soft, decoded with hard retrieval (Table 4)"),
-    Decode("hard_pre_argmax_drop01_decoded_soft", "hard_pre_argmax_drop01", SOFT_KINDS,
-           "hard_pre_argmax_drop01 trained hard, decoded soft (Table 4)"),
+    # the paper's Table 4: a model decoded with the other attention kind
+    *(decoded_with(run, "hard") for run in ("soft", "soft_pre", "soft_pre_drop01", "soft_pre_drop01_s2")),
+    *(decoded_with(run, "soft") for run in ("hard", "hard_pre", "hard_pre_argmax", "hard_pre_argmax_drop01",
+                                            "hard_pre_argmax_drop01_s2")),
+    # which of the two hard attentions costs the hard-trained model its BLEU
+    *(Decode(f"hard_pre_argmax_drop01_hard_{hard}_only", "hard_pre_argmax_drop01", {f"dec_{soft}_attn_kind": "soft"},
+             f"hard_pre_argmax_drop01 decoded with hard {hard}-attention, soft {soft}-attention")
+      for hard, soft in (("self", "cross"), ("cross", "self"))),
     # fairseq's own cross+self decodes the cross_self checkpoint (identical training)
     Decode("fairseq_cross_self", "cross_self", {"_name": "transformer"},
            "fairseq's own cross+self attention (the peer; same trained weights as cross_self)"),
@@ -271,6 +273,15 @@ SOFT_PRE_DROP01 = replace(SOFT_PRE, name="soft_pre_drop01", flags="--dropout 0.1
 CROSS_SELF_PRE = Run("cross_self_pre", "transformer_cross_self_small",
                      "--encoder-normalize-before --decoder-normalize-before",
                      "cross+self attention with pre-norm layers (soft counterpart: soft_pre)")
+# the hard-trained heads keep only ~0.6 of their softmax mass on the key they
+# retrieve (teacher-forced, validation): the straight-through gradient assumes
+# P·V where the forward takes V[argmax]. An entropy penalty sharpens P
+HARD_PRE_ARGMAX_DROP02_ENTROPY = tuple(
+    replace(HARD_PRE_ARGMAX_DROP02, name=f"hard_pre_argmax_drop02_entropy{weight.replace('.', '')}",
+            flags=f"{HARD_PRE_ARGMAX_DROP02.flags} --hard-entropy-penalty {weight}",
+            what=f"the parity recipe with dropout 0.2 and an entropy penalty of {weight} on its "
+                 "hard heads' training distributions")
+    for weight in ("0.003", "0.01"))
 # where the gap comes from, trained from scratch: hard retrieval in decoder
 # self-attention only (the conversion closest to parity), cross-attention soft
 HARD_PRE_SELF = replace(HARD_PRE_ARGMAX, name="hard_pre_self", flags="--dec-cross-attn-kind soft",
@@ -306,6 +317,7 @@ PARITY_RUNS = (
     reseeded(SOFT_PRE_DROP01, 2),
     CROSS_SELF_PRE,
     reseeded(CROSS_SELF_PRE, 2),
+    *HARD_PRE_ARGMAX_DROP02_ENTROPY,
     # sequence-level distillation (Kim and Rush, 2016): soft_pre's beam
     # translations of the training sources replace the references, for the
     # hard recipe and its soft counterpart alike
@@ -345,6 +357,7 @@ PARITY_PAIRS = (("hard", "soft"), ("hard_pre", "soft_pre"), ("hard_pre_argmax", 
                 ("hard_pre_argmax_drop02_s2", "soft_pre_drop02_s2"),
                 ("hard_pre_self", "soft_pre"), ("hard_pre_self_s2", "soft_pre_s2"),
                 ("hard_pre_argmax_drop01", "soft_pre_drop01"),
+                *((run.name, "soft_pre_drop02") for run in HARD_PRE_ARGMAX_DROP02_ENTROPY),
                 ("hard_pre_argmax_drop01_s2", "soft_pre_drop01_s2"),
                 ("hard_pre_argmax_seqkd", "soft_pre_seqkd"), ("hard_pre_argmax_seqkd", "soft_pre"),
                 ("hard_pre_argmax_from_soft_seqkd", "soft_pre_more_seqkd"),

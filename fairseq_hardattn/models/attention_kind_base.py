@@ -118,7 +118,8 @@ def kind_options(kind, cfg):
     if issubclass(kind, HardRetrievalAttention):
         return dict(train_retrieval=cfg.hard_train_retrieval,
                     anneal_updates=cfg.hard_anneal_updates,
-                    cooling_updates=cfg.hard_cooling_updates)
+                    cooling_updates=cfg.hard_cooling_updates,
+                    entropy_penalty=cfg.hard_entropy_penalty)
     return {}
 
 
@@ -279,6 +280,11 @@ class AttentionKindTransformerModel(ClearCheckpointErrors, TransformerModel):
                                  "argmax): over the first N updates keys are sampled at a "
                                  "temperature falling linearly from 1 to 0, the argmax from "
                                  "then on (default 0: the argmax from the start)")
+        parser.add_argument("--hard-entropy-penalty", type=float, metavar="W",
+                            help="adds W times the entropy of each hard retrieval head's "
+                                 "training distribution (summed over query rows) to the loss: "
+                                 "sharper distributions, where the retrieved key and the "
+                                 "straight-through gradient agree (default 0: none)")
 
     @classmethod
     def validate_args(cls, args):
@@ -290,6 +296,8 @@ class AttentionKindTransformerModel(ClearCheckpointErrors, TransformerModel):
             raise ConfigError(f"--hard-anneal-updates must be >= 0, got {args.hard_anneal_updates}")
         if args.hard_cooling_updates < 0:
             raise ConfigError(f"--hard-cooling-updates must be >= 0, got {args.hard_cooling_updates}")
+        if not args.hard_entropy_penalty >= 0.0:
+            raise ConfigError(f"--hard-entropy-penalty must be >= 0, got {args.hard_entropy_penalty}")
         if args.hard_cooling_updates and args.hard_train_retrieval != "argmax":
             raise ConfigError("--hard-cooling-updates cools sampling into the argmax: it needs "
                               "--hard-train-retrieval argmax (the default of the _prenorm presets)")
@@ -350,7 +358,7 @@ def base_architecture(args):
     """Transformer Base dims; every kind soft unless an option says otherwise."""
     set_defaults(args, **{option: "soft" for option in ATTENTION_KIND_OPTIONS})
     set_defaults(args, hard_train_retrieval="sample", hard_anneal_updates=0,
-                 hard_cooling_updates=0, decoding_engine="dynamic")
+                 hard_cooling_updates=0, hard_entropy_penalty=0.0, decoding_engine="dynamic")
     fairseq_base_architecture(args)
 
 

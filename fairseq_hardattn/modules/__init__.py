@@ -15,6 +15,7 @@ from .cross_self_attention import CrossSelfAttention, HardCrossSelfAttention
 from .flexible_attention import FlexibleAttention
 from .flexible_lstm_attention import FlexibleLSTMAttention
 from .hard_retrieval_attention import (
+    EntropyPenalty,
     HardRetrievalAttention,
     StraightThroughRetrieval,
     sample_key_indices,
@@ -41,6 +42,7 @@ __all__ = [
     "CROSS_SELF_KINDS",
     "CachedProjectionAttention",
     "CrossSelfAttention",
+    "EntropyPenalty",
     "FlexibleAttention",
     "FlexibleLSTMAttention",
     "HardCrossSelfAttention",

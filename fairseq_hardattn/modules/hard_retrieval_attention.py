@@ -60,6 +60,28 @@ class StraightThroughRetrieval(torch.autograd.Function):
         return grad_probs, grad_values, None
 
 
+class EntropyPenalty(torch.autograd.Function):
+    """Identity on P forward; backward adds ``weight`` times the gradient of
+    the summed row entropies H(P) = -Σ P log P, as if ``weight · ΣH`` were
+    added to the (summed) training loss. It pushes P toward one key, where
+    V[argmax] (the forward) and P·V (what the straight-through gradient
+    assumes) agree."""
+
+    @staticmethod
+    def forward(ctx, probs: Tensor, weight: float) -> Tensor:
+        ctx.save_for_backward(probs)
+        ctx.weight = weight
+        return probs.view_as(probs)
+
+    @staticmethod
+    def backward(ctx, grad_probs: Tensor):
+        (probs,) = ctx.saved_tensors
+        # dH/dP = -(log P + 1); the clamp keeps masked keys (P = 0) finite,
+        # and the softmax's backward gives them zero gradient anyway
+        grad_entropy = -(probs.clamp_min(torch.finfo(probs.dtype).tiny).log() + 1.0)
+        return grad_probs + ctx.weight * grad_entropy, None
+
+
 def sample_key_indices(weights: Tensor) -> Tensor:
     """One index per row of ``weights`` (..., S), drawn with probability
     proportional to the (unnormalised, non-negative) weights.
@@ -122,7 +144,9 @@ class HardRetrievalAttention(CachedProjectionAttention):
     the first M updates keys are sampled from P at a temperature falling
     linearly from 1 (the paper's sampling) to 0 (the argmax), a curriculum from
     sampling to the argmax that decoding takes; 0: the argmax from the start.
-    All leave inference unchanged.
+    ``entropy_penalty`` W: adds W times the entropy of every training query
+    row's P to the loss (``EntropyPenalty``); 0: none. All leave inference
+    unchanged.
 
     A query with no unmasked key (all-masked row) attends to nothing: its
     output is zero before the output projection, in training and inference.
@@ -137,7 +161,7 @@ class HardRetrievalAttention(CachedProjectionAttention):
     """
 
     def __init__(self, *args, train_retrieval: str = "sample", anneal_updates: int = 0,
-                 cooling_updates: int = 0, **kwargs):
+                 cooling_updates: int = 0, entropy_penalty: float = 0.0, **kwargs):
         super().__init__(*args, **kwargs)
         if train_retrieval not in TRAIN_RETRIEVALS:
             raise ValueError(f"hard retrieval attention: train_retrieval must be one of "
@@ -151,7 +175,11 @@ class HardRetrievalAttention(CachedProjectionAttention):
         if cooling_updates and train_retrieval != "argmax":
             raise ValueError("hard retrieval attention: cooling_updates cools sampling into "
                              "the argmax: it needs train_retrieval='argmax'")
+        if not entropy_penalty >= 0.0:
+            raise ValueError(f"hard retrieval attention: entropy_penalty must be >= 0, "
+                             f"got {entropy_penalty}")
         self.train_retrieval = train_retrieval
+        self.entropy_penalty = entropy_penalty
         self.anneal_updates = anneal_updates
         self.cooling_updates = cooling_updates
         self.num_updates = 0
@@ -225,6 +253,8 @@ class HardRetrievalAttention(CachedProjectionAttention):
             # softmax of an all -inf row is NaN, and so is its gradient
             scores = scores.masked_fill(empty, 0.0)
         probs = F.softmax(scores, dim=-1)
+        if self.entropy_penalty:
+            probs = EntropyPenalty.apply(probs, self.entropy_penalty)
         dropped = self.dropout_module(probs)
         sampling_weights = dropped.detach()
         if dropped is not probs:
