@@ -169,17 +169,31 @@ GENTLE_CONVERSION = replace(
     what="hard_pre_argmax_from_soft at a peak lr of 3e-4")
 GENTLE_CONTROL = replace(SOFT_PRE_MORE, name="soft_pre_more_lr3e4", lr=3e-4,
                          what="soft_pre_more at a peak lr of 3e-4 (hard_pre_argmax_from_soft_lr3e4's control)")
+
+def hard_epochs_at_dropout01(name: str, start: str, what: str, penalised: bool = False) -> FineTune:
+    """5 hard epochs (the conversion's schedule) from a dropout-0.1 run at its
+    own dropout, with the entropy penalty 0.003 or without it."""
+    penalty = " --hard-entropy-penalty 0.003" if penalised else ""
+    return replace(HARD_PRE_ARGMAX_FROM_SOFT, name=name, start=start, flags="--dropout 0.1" + penalty,
+                   what=what + (", with the entropy penalty 0.003" if penalised else ""))
+
+
 # the conversion of the dropout-0.1 soft model, plain and with the entropy
-# penalty that sharpens the converted heads (its own dropout kept)
+# penalty that sharpens the converted heads
 DROP01_CONVERSIONS = (
-    replace(HARD_PRE_ARGMAX_FROM_SOFT, name="hard_pre_argmax_from_soft_drop01", start="soft_pre_drop01",
-            flags="--dropout 0.1", what="soft_pre_drop01 converted as hard_pre_argmax_from_soft"),
-    replace(HARD_PRE_ARGMAX_FROM_SOFT, name="hard_pre_argmax_from_soft_drop01_entropy0003", start="soft_pre_drop01",
-            flags="--dropout 0.1 --hard-entropy-penalty 0.003",
-            what="soft_pre_drop01 converted as hard_pre_argmax_from_soft, with an entropy penalty of 0.003"),
+    hard_epochs_at_dropout01("hard_pre_argmax_from_soft_drop01", "soft_pre_drop01",
+                             "soft_pre_drop01 converted as hard_pre_argmax_from_soft"),
+    hard_epochs_at_dropout01("hard_pre_argmax_from_soft_drop01_entropy0003", "soft_pre_drop01",
+                             "soft_pre_drop01 converted as hard_pre_argmax_from_soft", penalised=True),
     replace(SOFT_PRE_MORE, name="soft_pre_drop01_more", start="soft_pre_drop01", flags="--dropout 0.1",
             what="soft_pre_drop01, 5 more soft epochs (the control of its conversions)"),
 )
+# the penalty on a trained hard model: its heads sharpened late, not from the
+# start; against the same 5 epochs without it
+HARD_DROP01_MORE = tuple(
+    hard_epochs_at_dropout01(f"hard_pre_argmax_drop01_{suffix}", "hard_pre_argmax_drop01",
+                             "hard_pre_argmax_drop01, 5 more hard epochs", penalised)
+    for suffix, penalised in (("more", False), ("sharpened", True)))
 
 FINETUNES = (
     FineTune("flexible_ft", "flexible", "transformer_flexible_small", GATE_LOSS,
@@ -228,6 +242,7 @@ FINETUNES = (
     GENTLE_CONVERSION,
     GENTLE_CONTROL,
     *DROP01_CONVERSIONS,
+    *HARD_DROP01_MORE,
     # the conversion and its control on soft_pre's own translations (sequence-level distillation)
     replace(HARD_PRE_ARGMAX_FROM_SOFT, name="hard_pre_argmax_from_soft_seqkd", corpus="soft_pre",
             what="hard_pre_argmax_from_soft on soft_pre's translations of the training set"),
@@ -373,6 +388,7 @@ PARITY_PAIRS = (("hard", "soft"), ("hard_pre", "soft_pre"), ("hard_pre_argmax", 
                 ("hard_pre_argmax_drop01", "soft_pre_drop01"),
                 *((run.name, "soft_pre_drop02") for run in HARD_PRE_ARGMAX_DROP02_ENTROPY),
                 *((conversion.name, "soft_pre_drop01_more") for conversion in DROP01_CONVERSIONS[:2]),
+                *((run.name, "soft_pre_drop01_more") for run in HARD_DROP01_MORE),
                 ("hard_pre_argmax_drop01_s2", "soft_pre_drop01_s2"),
                 ("hard_pre_argmax_seqkd", "soft_pre_seqkd"), ("hard_pre_argmax_seqkd", "soft_pre"),
                 ("hard_pre_argmax_from_soft_seqkd", "soft_pre_more_seqkd"),
