@@ -41,11 +41,15 @@ def test_every_hard_head_is_measured_on_every_real_target_position(reorder_data,
     # the batch size changes nothing, and the command line writes the same numbers
     proc = sharpness_cli(reorder_data, trained_checkpoints["hard"], "--json", tmp_path / "s.json")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    written = json.loads((tmp_path / "s.json").read_text())
-    assert written.keys() == measured.keys()
+    runs = json.loads((tmp_path / "s.json").read_text())
+    assert list(runs) == ["hard"]  # named by the checkpoint's folder
+    written = runs["hard"]
+    assert written["all_hard_heads_argmax_mass"] == pytest.approx(
+        sum(n["argmax_mass"] for n in measured.values()) / len(measured), abs=1e-3)  # equal rows
+    assert written["per_attention"].keys() == measured.keys()
     for name, numbers in measured.items():
-        assert written[name] == pytest.approx(numbers, abs=2e-4)
-    assert proc.stdout.splitlines()[0] == "attention\targmax mass\teffective keys"
+        assert written["per_attention"][name] == pytest.approx(numbers, abs=2e-4)
+    assert proc.stdout.splitlines()[0] == "run\tattention\targmax mass\teffective keys"
 
 
 def test_a_model_without_hard_heads_is_one_line_error(reorder_data, trained_checkpoints, tmp_path):

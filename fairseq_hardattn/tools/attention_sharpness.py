@@ -7,14 +7,13 @@ the output the straight-through gradient assumes in training; the further
 below 1, the more a hard decoding departs from what the gradient trained.
 Hard heads only (soft ones have no retrieval to compare with).
 
-Usage: python -m fairseq_hardattn.tools.attention_sharpness DATA_BIN CHECKPOINT
+Usage: python -m fairseq_hardattn.tools.attention_sharpness DATA_BIN CHECKPOINT...
            [--subset valid] [--max-tokens 4096] [--json OUT.json]
 """
 
 import argparse
 import json
 import os
-import sys
 from collections import defaultdict
 from typing import Dict
 
@@ -30,7 +29,9 @@ def _measure_scores(module, name: str, totals: Dict[str, list], query_rows: dict
     compute = module.scores
 
     def scores(p, attn_mask, scaled=True):
-        probs = F.softmax(compute(p, attn_mask, scaled=True).float(), dim=-1)
+        computed = compute(p, attn_mask, scaled=scaled)
+        # the softmax of the scaled scores (inference asks for unscaled ones)
+        probs = F.softmax((computed if scaled else computed * module.scaling).float(), dim=-1)
         # real target positions only, and no all-masked row (NaN)
         rows = query_rows["mask"].repeat_interleave(module.num_heads, 0)[:, :probs.size(1)]
         rows = rows & ~torch.isnan(probs[..., 0])
@@ -40,7 +41,7 @@ def _measure_scores(module, name: str, totals: Dict[str, list], query_rows: dict
         total[0] += probs.amax(-1).sum().item()
         total[1] += entropy.exp().sum().item()
         total[2] += probs.size(0)
-        return compute(p, attn_mask, scaled=scaled)
+        return computed
 
     module.scores = scores
 
@@ -81,32 +82,43 @@ def sharpness(data_bin: str, checkpoint: str, subset: str = "valid",
             for name, (top, keys, rows) in totals.items()}
 
 
+def mean_argmax_mass(measured: Dict[str, Dict[str, float]]) -> float:
+    """The argmax mass over every hard head's rows of one model."""
+    rows = sum(n["rows"] for n in measured.values())
+    return round(sum(n["argmax_mass"] * n["rows"] for n in measured.values()) / rows, 3)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
         description="Mean argmax mass and effective number of keys of a model's hard "
                     "retrieval heads, teacher-forced on a data set.")
     parser.add_argument("data_bin", help="the binarized data the model was trained with")
-    parser.add_argument("checkpoint", help="a checkpoint (e.g. RUN/checkpoint_avg.pt)")
+    parser.add_argument("checkpoints", nargs="+", metavar="checkpoint",
+                        help="checkpoints (e.g. RUN/checkpoint_avg.pt), each named by its folder")
     parser.add_argument("--subset", default="valid", help="the data set (default: valid)")
     parser.add_argument("--max-tokens", type=int, default=4096, help="tokens per batch")
-    parser.add_argument("--json", metavar="OUT", help="also write the numbers to OUT")
+    parser.add_argument("--json", metavar="OUT",
+                        help="also write the numbers to OUT: per run, all hard heads' argmax mass "
+                             "and the numbers per attention")
     args = parser.parse_args(argv)
     if args.max_tokens < 1:
         parser.error("--max-tokens must be positive")
     torch.set_num_threads(int(os.environ.get("THREADS", "1")))
-    try:
-        measured = sharpness(args.data_bin, args.checkpoint, args.subset, args.max_tokens)
-    except (OSError, ValueError, FileNotFoundError) as err:
-        parser.error(str(err))
-    print("attention\targmax mass\teffective keys")
-    for name, numbers in measured.items():
-        print(f"{name}\t{numbers['argmax_mass']:.3f}\t{numbers['effective_keys']:.2f}")
-    rows = sum(n["rows"] for n in measured.values())
-    mean = sum(n["argmax_mass"] * n["rows"] for n in measured.values()) / rows
-    print(f"all hard heads\t{mean:.3f}", file=sys.stderr)
+    runs = {}
+    print("run\tattention\targmax mass\teffective keys")
+    for checkpoint in args.checkpoints:
+        try:
+            measured = sharpness(args.data_bin, checkpoint, args.subset, args.max_tokens)
+        except (OSError, ValueError) as err:
+            parser.error(str(err))
+        run = os.path.basename(os.path.dirname(os.path.abspath(checkpoint)))
+        for name, numbers in measured.items():
+            print(f"{run}\t{name}\t{numbers['argmax_mass']:.3f}\t{numbers['effective_keys']:.2f}")
+        runs[run] = {"all_hard_heads_argmax_mass": mean_argmax_mass(measured), "per_attention": measured}
+        print(f"{run}\tall hard heads\t{runs[run]['all_hard_heads_argmax_mass']:.3f}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as out:
-            json.dump(measured, out, indent=1)
+            json.dump(runs, out, indent=1)
 
 
 if __name__ == "__main__":
