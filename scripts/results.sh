@@ -133,9 +133,14 @@ for name in "${RUNS[@]%%$'\t'*}" "${FINETUNES[@]%%$'\t'*}"; do
   wait_for_slot; evaluate "$name" "$name" &
   wait_for_slot; SUBSET=valid evaluate "$name" "$name" &
 done
-while IFS=$'\t' read -r name run overrides; do
+# decodes (other options or search settings) on both sets too: settings are chosen on valid
+while IFS=$'\t' read -r name run overrides search; do
   trained "$run" || continue
-  wait_for_slot; evaluate "$run" "$name" --model-overrides "$overrides" &
+  [ "$search" = - ] && search=""
+  # shellcheck disable=SC2086
+  for subset in test valid; do
+    wait_for_slot; SUBSET=$subset evaluate "$run" "$name" --model-overrides "$overrides" $search &
+  done
 done < <("${EXPERIMENTS[@]}" decodes)
 wait
 

@@ -176,6 +176,12 @@ def bleu_table(scores):
             "|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
 
 
+def gap_cells(hard, soft):
+    """The cells 'hard / soft | gap' for validation, then test2016, of two
+    (valid BLEU, test2016 BLEU) pairs."""
+    return " | ".join(f"{h:.2f} / {s:.2f} | {h - s:+.2f}" for h, s in zip(hard, soft)) + " |"
+
+
 def parity_table(scores):
     """Hard retrieval against soft attention trained the same way (issue 18):
     validation BLEU (where recipes are chosen) and test2016 (reported)."""
@@ -187,15 +193,52 @@ def parity_table(scores):
         if not all(pair[hard]) or not all(pair[soft]):
             continue
         (hard_valid, hard_test), (soft_valid, soft_test) = pair[hard], pair[soft]
-        rows.append(f"| `{hard}` | {runs[hard].what} | `{soft}` | "
-                    f"{hard_valid['bleu_tok_lc']:.2f} / {soft_valid['bleu_tok_lc']:.2f} | "
-                    f"{hard_valid['bleu_tok_lc'] - soft_valid['bleu_tok_lc']:+.2f} | "
-                    f"{hard_test['bleu_tok_lc']:.2f} / {soft_test['bleu_tok_lc']:.2f} | "
-                    f"{hard_test['bleu_tok_lc'] - soft_test['bleu_tok_lc']:+.2f} |")
+        rows.append(f"| `{hard}` | {runs[hard].what} | `{soft}` | " + gap_cells(
+            (hard_valid["bleu_tok_lc"], hard_test["bleu_tok_lc"]), (soft_valid["bleu_tok_lc"], soft_test["bleu_tok_lc"])))
     if not rows:
         return ""
     return ("| hard run | recipe | soft counterpart | valid BLEU hard / soft | gap | "
             "test2016 hard / soft | gap |\n|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
+
+
+def search_table(scores):
+    """Beam search's settings for each (hard, soft) pair of the manifest's
+    SEARCH_PAIRS: every setting's BLEU on both sets, then each model's setting
+    chosen on validation (the first of the grid on a tie) and the test2016 gap
+    those two choices give, with its mean over the pairs; '' before any pair is
+    scored over the whole grid."""
+    rows, chosen_gaps = [], []
+    for hard, soft in EXPERIMENTS.SEARCH_PAIRS:
+        grid = []  # (beam, lenpen, {run: (valid, test)})
+        for beam, lenpen in EXPERIMENTS.SEARCH_GRID:
+            bleu = {}
+            for run in (hard, soft):
+                name = EXPERIMENTS.searched_with(run, beam, lenpen).name
+                records = [load(Path(scores) / f"{name}{suffix}.json") for suffix in (".valid", "")]
+                bleu[run] = None if None in records else tuple(r["bleu_tok_lc"] for r in records)
+            grid.append((beam, lenpen, bleu))
+        if any(None in bleu.values() for *_, bleu in grid):
+            continue
+        best = {run: max(grid, key=lambda setting: setting[2][run][0])[:2] for run in (hard, soft)}
+        for beam, lenpen, bleu in grid:
+            marks = [f"{kind} ✓" for kind, run in (("hard", hard), ("soft", soft))
+                     if best[run] == (beam, lenpen)]
+            rows.append(f"| `{hard}` / `{soft}` | {beam} | {lenpen:g} | "
+                        + gap_cells(bleu[hard], bleu[soft]) + f" {', '.join(marks)} |")
+        by_setting = {(beam, lenpen): bleu for beam, lenpen, bleu in grid}
+        chosen = {run: by_setting[best[run]][run] for run in (hard, soft)}
+        chosen_gaps.append(tuple(h - s for h, s in zip(chosen[hard], chosen[soft])))
+        rows.append(f"| `{hard}` / `{soft}` | chosen | on valid | " + gap_cells(chosen[hard], chosen[soft]) + " |")
+    if not rows:
+        return ""
+    mean_valid, mean_test = (sum(gap) / len(chosen_gaps) for gap in zip(*chosen_gaps))
+    return ("\n## Beam search's settings, chosen on validation\n\n"
+            "Each model decoded over beams and length penalties (the recipe's: beam 4, length penalty 1); "
+            "✓: the setting with the model's best validation BLEU; \"chosen\": both models at their own "
+            f"choice. Mean gap at the chosen settings over {len(chosen_gaps)} pair(s): "
+            f"{mean_valid:+.2f} valid / {mean_test:+.2f} test2016.\n\n"
+            "| hard / soft | beam | length penalty | valid BLEU hard / soft | gap | test2016 hard / soft | gap "
+            "| best on valid |\n|---|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
 
 
 def reference_table(reference):
@@ -314,7 +357,7 @@ def main(argv=None):
         (results / "hard_parity.md").write_text(
             "# Hard retrieval attention toward parity with soft attention\n\n"
             f"Multi30k en-de, small preset, {budget_note(scores)}; tokenized lowercased BLEU.\n\n"
-            + parity)
+            + parity + search_table(scores))
     (results / "README.md").write_text("# Results\n\n" + markdown + "\n" + notes + "\n"
                                        + files_section(results))
     (results / "results.json").write_text(json.dumps(records, indent=2))

@@ -27,6 +27,14 @@ def script(name, *args, check=True, timeout=600):
     return proc
 
 
+def load_manifest():
+    """examples/multi30k/experiments.py as a module."""
+    spec = importlib.util.spec_from_file_location("experiments", REPO / "examples" / "multi30k" / "experiments.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def is_png(path):
     return Path(path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -313,6 +321,27 @@ def test_results_table_short_budget_column_and_parity_table(tmp_path):
     assert "| `aan` |" in text and "| — | — | 22.41 |" in text  # not trained with this budget yet
     parity = (results / "hard_parity.md").read_text()
     assert "| 39.00 / 40.00 | -1.00 | 39.25 / 39.50 | -0.25 |" in parity
+    assert "Beam search's settings" not in parity  # no pair decoded over the grid yet
+    # a pair decoded over the search grid: each model's setting chosen on
+    # validation, the test2016 gap at those choices, whatever test2016 prefers
+    experiments = load_manifest()
+    hard, soft = experiments.SEARCH_PAIRS[0]
+    (hard_beam, hard_lenpen), (soft_beam, soft_lenpen) = experiments.SEARCH_GRID[-1], experiments.SEARCH_GRID[1]
+    for run, best in ((hard, (hard_beam, hard_lenpen)), (soft, (soft_beam, soft_lenpen))):
+        for beam, lenpen in experiments.SEARCH_GRID:
+            chosen = (beam, lenpen) == best
+            name = experiments.searched_with(run, beam, lenpen).name
+            for suffix, bleu in ((".valid", 35.0 + chosen + (run == soft)), ("", 36.0 + 2 * (not chosen))):
+                (work / "results" / f"{name}{suffix}.json").write_text(json.dumps(
+                    {"sentences": 10, "bleu_tok_lc": bleu, "sacrebleu": bleu}))
+    script("results_table.py", work, results, "--readme", readme)
+    parity = (results / "hard_parity.md").read_text()
+    assert "Beam search's settings, chosen on validation" in parity
+    assert f"| `{hard}` / `{soft}` | chosen | on valid | 36.00 / 37.00 | -1.00 | 36.00 / 36.00 | +0.00 | |" \
+        in parity
+    assert "over 1 pair(s): -1.00 valid / +0.00 test2016" in parity
+    assert f"| {hard_beam} | {hard_lenpen:g} | 36.00 / 36.00 | +0.00 | 36.00 / 38.00 | -2.00 | hard ✓ |" in parity
+    assert parity.count("✓ |") == 2  # one setting per model
     missing = tmp_path / "nowhere.json"
     proc = script("results_table.py", work, results, "--readme", readme, "--short-budget", missing,
                   check=False)
@@ -364,18 +393,18 @@ def test_the_experiment_manifest_answers_the_scripts(tmp_path):
     assert all(corpus == "-" or (corpus in runs and corpus != name) for name, corpus in corpora)
     assert any(corpus != "-" for _, corpus in corpora)
     trained = runs | {f[0] for f in finetunes}
-    assert all(run in trained for _, run, _ in decodes)
-    assert all(isinstance(eval(overrides), dict) for *_, overrides in decodes)
-    spec = importlib.util.spec_from_file_location("experiments", manifest)
-    experiments = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(experiments)
+    assert all(run in trained for _, run, _, _ in decodes)
+    assert all(isinstance(eval(overrides), dict) for _, _, overrides, _ in decodes)
+    experiments = load_manifest()
     assert {name for pair in experiments.PARITY_PAIRS for name in pair} <= trained
+    assert {name for pair in experiments.SEARCH_PAIRS for name in pair} <= trained
+    assert all(search == "-" or search.startswith("--") for *_, search in decodes)
     (tmp_path / "runs" / "soft").mkdir(parents=True)
     (tmp_path / "runs" / "soft" / "checkpoint_avg.pt").write_bytes(b"")
     for (benchmark,) in query("benchmarks"):
         args = [a for (a,) in query("benchmark", benchmark, tmp_path)]
         models = [a.split("=")[0] for a, prev in zip(args, [""] + args) if prev == "--model"]
-        of_soft = {"soft"} | {name for name, run, _ in decodes if run == "soft"}
+        of_soft = {"soft"} | {name for name, run, *_ in decodes if run == "soft"}
         assert set(models) <= of_soft, benchmark  # only what is trained
         assert "--baseline" in args or "--arch" in args
 
@@ -406,7 +435,7 @@ def results_sh_with_stand_ins(tmp_path, only, failing_run="-", failing_translati
         f'[ "$2" = {failing_run} ] && exit 1\n'
         'mkdir -p "$1/runs/$2" && touch "$1/runs/$2/checkpoint_avg.pt"\n'
         f'echo "end $2" >> {journal}\n')
-    (m30k / "evaluate.sh").write_text(f'echo "score ${{SUBSET:-test}} $3 $4 $THREADS" >> {journal}\n')
+    (m30k / "evaluate.sh").write_text(f'echo "score ${{SUBSET:-test}} $3 $4 $THREADS ${{*:5}}" >> {journal}\n')
     tools = tmp_path / "stand_in" / "fairseq_hardattn" / "tools"
     tools.mkdir(parents=True)
     for package in (tools, tools.parent):
@@ -438,11 +467,12 @@ def test_results_sh_starts_each_fine_tuning_once_its_start_run_is_trained(tmp_pa
     whose start run failed is skipped with a line saying so, and every trained
     run is scored on test and valid. Training and scoring are stand-ins that
     record what they were asked (the real ones are exercised elsewhere)."""
-    only = "soft flexible flexible_ft soft_ft soft_pre hard_pre_from_soft hard_pre_argmax_from_soft_kd"
+    only = ("soft flexible flexible_ft soft_ft soft_pre hard_pre_from_soft hard_pre_argmax_from_soft_kd "
+            "soft_pre_drop01")
     # soft_pre fails: its fine-tunings must be skipped
     proc, events = results_sh_with_stand_ins(tmp_path, only, failing_run="soft_pre")
     started = [e.split()[1] for e in events if e.startswith("start ")]
-    assert sorted(started) == sorted(["soft", "flexible", "soft_pre", "flexible_ft", "soft_ft"])
+    assert sorted(started) == sorted(["soft", "flexible", "soft_pre", "flexible_ft", "soft_ft", "soft_pre_drop01"])
     for finetune, start in (("flexible_ft", "flexible"), ("soft_ft", "soft")):
         begin = next(i for i, e in enumerate(events) if e.startswith(f"start {finetune} "))
         assert events.index(f"end {start}") < begin
@@ -455,7 +485,11 @@ def test_results_sh_starts_each_fine_tuning_once_its_start_run_is_trained(tmp_pa
     assert {e.split()[4] for e in events if e.startswith("score ")} == {"1"}  # one thread each
     for name in ("soft", "flexible", "flexible_ft", "soft_ft"):
         assert {("test", name, name), ("valid", name, name)} <= scored
-    assert ("test", "soft", "fairseq") in scored and ("test", "flexible", "flexible_auto") in scored
+    # decodes on both sets (settings are chosen on valid), with their search flags
+    assert {("test", "soft", "fairseq"), ("valid", "soft", "fairseq"), ("test", "flexible", "flexible_auto"),
+            ("valid", "flexible", "flexible_auto")} <= scored
+    assert "score valid soft_pre_drop01 soft_pre_drop01_beam8_lenpen1p5 1 --model-overrides {} " \
+        "--beam 8 --lenpen 1.5" in events
     assert not any(run == "soft_pre" for _, run, _ in scored)
     assert "tables not written" in proc.stderr and "another budget" in proc.stderr
     repo = tmp_path / "repo"

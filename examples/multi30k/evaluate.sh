@@ -23,7 +23,7 @@ case "${SUBSET:-test}" in
 esac
 if [ -s "$OUT/$FILE.json" ]; then log "$FILE: already scored"; cat "$OUT/$FILE.json"; exit 0; fi
 
-log "$FILE: translating ${SUBSET:-test} (beam $BEAM)"
+log "$FILE: translating ${SUBSET:-test} (beam $BEAM${*:+, flags: $*})"
 fairseq-generate "$WORK_DIR/data-bin" --user-dir "$USER_DIR" --path "$CKPT" "${DEVICE_FLAGS[@]}" \
   --gen-subset "${SUBSET:-test}" --beam "$BEAM" --batch-size 128 --remove-bpe "$@" \
   > "$OUT/$FILE.gen" 2> "$OUT/$FILE.gen.log"

@@ -62,13 +62,16 @@ class FineTune:
 
 @dataclass(frozen=True)
 class Decode:
-    """A trained run decoded with other options (``--model-overrides``);
-    ``cps``: count the score computations per step too."""
+    """A trained run decoded with other options (``--model-overrides``) or
+    other search settings (``search``: fairseq-generate flags after the
+    recipe's, e.g. a beam and length penalty); ``cps``: count the score
+    computations per step too."""
     name: str
     run: str
     overrides: Dict = field(default_factory=dict)
     what: str = ""
     cps: bool = False
+    search: str = ""
 
     def model_overrides(self):
         return dict(self.overrides, print_cps=True) if self.cps else self.overrides
@@ -259,6 +262,21 @@ def decoded_with(run: str, kind: str) -> Decode:
                   f"the `{run}` checkpoint decoded with {kind} decoder attention (Table 4)")
 
 
+def searched_with(run: str, beam: int, lenpen: float) -> Decode:
+    """``run`` decoded with beam ``beam`` and length penalty ``lenpen``."""
+    return Decode(f"{run}_beam{beam}_lenpen{lenpen:g}".replace(".", "p"), run,
+                  what=f"the `{run}` checkpoint decoded with beam {beam}, length penalty {lenpen:g}",
+                  search=f"--beam {beam} --lenpen {lenpen:g}")
+
+
+# beam search's settings chosen on validation for hard and soft alike (issue
+# 18): each (hard, soft) pair decoded over the grid, the recipe's own setting
+# (beam 4, fairseq's length penalty 1) first
+SEARCH_PAIRS = (("hard_pre_argmax_drop01", "soft_pre_drop01"), ("hard_pre_argmax_drop01_s2", "soft_pre_drop01_s2"))
+SEARCH_GRID = tuple((beam, lenpen) for beam in (4, 8) for lenpen in (1.0, 0.6, 1.5, 2.0))
+SEARCHES = tuple(searched_with(run, beam, lenpen)
+                 for pair in SEARCH_PAIRS for run in pair for beam, lenpen in SEARCH_GRID)
+
 _FLEXIBLE = ("flexible", "flexible_ft", "flexible_band_ft", "flexible_gate32", "flexible_gate32_band_ft",
              "flexible_ce_ft", "flexible_band_5ep_ft")
 DECODES = (
@@ -283,6 +301,7 @@ DECODES = (
     *(Decode(f"{run}_tau075", run, {"flexible_threshold": 0.75}, cps=True)
       for run in _FLEXIBLE if run.endswith("_ft")),
     Decode("local_cps", "local", cps=True),
+    *SEARCHES,
 )
 
 # the ablation toward hard/soft parity (issue 18): trained with the same
@@ -609,7 +628,7 @@ def main(argv):
         lines = [f"{f.name}\t{f.start}\t{f.arch}\t{f.epochs}\t{f.average}\t{f.warmup}\t"
                  f"{f.lr:g}\t{f.teacher or '-'}\t{f.corpus or '-'}\t{f.flags}" for f in FINETUNES]
     elif command == "decodes":
-        lines = [f"{d.name}\t{d.run}\t{d.model_overrides()!r}" for d in DECODES]
+        lines = [f"{d.name}\t{d.run}\t{d.model_overrides()!r}\t{d.search or '-'}" for d in DECODES]
     elif command == "benchmarks":
         lines = [b.name for b in BENCHMARKS]
     elif command == "gpu-benchmarks":
