@@ -197,7 +197,7 @@ def parity_table(scores):
             (hard_valid["bleu_tok_lc"], hard_test["bleu_tok_lc"]), (soft_valid["bleu_tok_lc"], soft_test["bleu_tok_lc"])))
     if not rows:
         return ""
-    return ("| hard run | recipe | soft counterpart | valid BLEU hard / soft | gap | "
+    return ("| run (hard or cross+self) | recipe | soft counterpart | valid BLEU hard / soft | gap | "
             "test2016 hard / soft | gap |\n|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
 
 

@@ -381,7 +381,7 @@ PARITY_RUNS = (
 FROM_SCRATCH = RUNS + PARITY_RUNS
 TRAINED = FROM_SCRATCH + FINETUNES
 
-# (hard run, its soft counterpart: the same recipe) for the gap column
+# (hard or cross+self run, its soft counterpart: the same recipe) for the gap column
 PARITY_PAIRS = (("hard", "soft"), ("hard_pre", "soft_pre"), ("hard_pre_argmax", "soft_pre"),
                 ("hard_pre_anneal", "soft_pre"), ("hard_pre_h8", "soft_pre_h8"),
                 ("hard_pre_from_soft", "soft_pre"), ("hard_pre_from_soft", "soft_pre_more"),
@@ -412,7 +412,9 @@ PARITY_PAIRS = (("hard", "soft"), ("hard_pre", "soft_pre"), ("hard_pre_argmax", 
                 ("hard_pre_argmax_drop01_s2", "soft_pre_drop01_s2"),
                 ("hard_pre_argmax_seqkd", "soft_pre_seqkd"), ("hard_pre_argmax_seqkd", "soft_pre"),
                 ("hard_pre_argmax_from_soft_seqkd", "soft_pre_more_seqkd"),
-                ("hard_pre_argmax_from_soft_seqkd", "soft_pre"))
+                ("hard_pre_argmax_from_soft_seqkd", "soft_pre"),
+                # cross+self against soft (the parity target with its fewer parameters)
+                ("cross_self", "soft"), ("cross_self_pre", "soft_pre"))
 
 # rows of the main table after the runs: fine-tunings and Table-4 switches, in this order
 TABLE_EXTRA_ROWS = ("fairseq", "hard_pre_argmax_from_soft", "hard_pre_argmax_from_soft_kd",
