@@ -209,24 +209,23 @@ def search_table(scores):
     scored over the whole grid."""
     rows, chosen_gaps = [], []
     for hard, soft in EXPERIMENTS.SEARCH_PAIRS:
-        grid = []  # (beam, lenpen, {run: (valid, test)})
+        grid = {}  # (beam, lenpen): {run: (valid, test)}, in the grid's order
         for beam, lenpen in EXPERIMENTS.SEARCH_GRID:
             bleu = {}
             for run in (hard, soft):
                 name = EXPERIMENTS.searched_with(run, beam, lenpen).name
                 records = [load(Path(scores) / f"{name}{suffix}.json") for suffix in (".valid", "")]
                 bleu[run] = None if None in records else tuple(r["bleu_tok_lc"] for r in records)
-            grid.append((beam, lenpen, bleu))
-        if any(None in bleu.values() for *_, bleu in grid):
+            grid[beam, lenpen] = bleu
+        if any(None in bleu.values() for bleu in grid.values()):
             continue
-        best = {run: max(grid, key=lambda setting: setting[2][run][0])[:2] for run in (hard, soft)}
-        for beam, lenpen, bleu in grid:
+        best = {run: max(grid, key=lambda setting: grid[setting][run][0]) for run in (hard, soft)}
+        for (beam, lenpen), bleu in grid.items():
             marks = [f"{kind} ✓" for kind, run in (("hard", hard), ("soft", soft))
                      if best[run] == (beam, lenpen)]
             rows.append(f"| `{hard}` / `{soft}` | {beam} | {lenpen:g} | "
                         + gap_cells(bleu[hard], bleu[soft]) + f" {', '.join(marks)} |")
-        by_setting = {(beam, lenpen): bleu for beam, lenpen, bleu in grid}
-        chosen = {run: by_setting[best[run]][run] for run in (hard, soft)}
+        chosen = {run: grid[best[run]][run] for run in (hard, soft)}
         chosen_gaps.append(tuple(h - s for h, s in zip(chosen[hard], chosen[soft])))
         rows.append(f"| `{hard}` / `{soft}` | chosen | on valid | " + gap_cells(chosen[hard], chosen[soft]) + " |")
     if not rows:

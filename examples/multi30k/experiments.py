@@ -23,7 +23,8 @@ DISTILLATION = "--criterion label_smoothed_cross_entropy_with_distillation --dis
 # the 25-epoch budget, 100 warmup updates, the last 2 epochs averaged
 CONVERSION_SCHEDULE = {"epochs": 5, "average": 2, "warmup": 100}
 # the entropy penalty's one measured weight (issue 18: it did not help)
-ENTROPY_PENALTY = "--hard-entropy-penalty 0.003"
+ENTROPY_WEIGHT = 0.003
+ENTROPY_PENALTY = f"--hard-entropy-penalty {ENTROPY_WEIGHT:g}"
 
 
 @dataclass(frozen=True)
@@ -177,10 +178,10 @@ GENTLE_CONTROL = replace(SOFT_PRE_MORE, name="soft_pre_more_lr3e4", lr=3e-4,
 
 def hard_epochs_at_dropout01(name: str, start: str, what: str, penalised: bool = False) -> FineTune:
     """5 hard epochs (the conversion's schedule) from a dropout-0.1 run at its
-    own dropout, with the entropy penalty 0.003 or without it."""
+    own dropout, with the entropy penalty (ENTROPY_WEIGHT) or without it."""
     penalty = " " + ENTROPY_PENALTY if penalised else ""
     return replace(HARD_PRE_ARGMAX_FROM_SOFT, name=name, start=start, flags="--dropout 0.1" + penalty,
-                   what=what + (", with the entropy penalty 0.003" if penalised else ""))
+                   what=what + (f", with the entropy penalty {ENTROPY_WEIGHT:g}" if penalised else ""))
 
 
 # the conversion of the dropout-0.1 soft model, plain and with the entropy
@@ -329,7 +330,7 @@ CROSS_SELF_PRE = Run("cross_self_pre", "transformer_cross_self_small",
 HARD_PRE_ARGMAX_DROP02_ENTROPY = replace(
     HARD_PRE_ARGMAX_DROP02, name="hard_pre_argmax_drop02_entropy0003",
     flags=f"{HARD_PRE_ARGMAX_DROP02.flags} {ENTROPY_PENALTY}",
-    what="the parity recipe with dropout 0.2 and an entropy penalty of 0.003 on its "
+    what=f"the parity recipe with dropout 0.2 and an entropy penalty of {ENTROPY_WEIGHT:g} on its "
          "hard heads' training distributions")  # 0.01: stopped after 6 epochs, learning slower still
 # where the gap comes from, trained from scratch: hard retrieval in decoder
 # self-attention only (the conversion closest to parity), cross-attention soft
