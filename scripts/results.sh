@@ -37,7 +37,7 @@ bash "$M30K/prepare.sh" "$DATA_DIR" "$WORK_DIR"
 printf '{"epochs": %s, "warmup_updates": %s, "max_tokens": %s, "average_last": %s, "seed": %s, "beam": %s}\n' \
   "$EPOCHS" "$WARMUP" "$MAX_TOKENS" "$AVERAGE_LAST" "$SEED" "$BEAM" > "$WORK_DIR/budget.json"
 
-EXPERIMENTS=(python "$M30K/experiments.py")  # the list of runs, fine-tunings, decodes, benchmarks
+EXPERIMENTS=("$PYTHON" "$M30K/experiments.py")  # the list of runs, fine-tunings, decodes, benchmarks
 trained() { [ -f "$WORK_DIR/runs/$1/checkpoint_avg.pt" ]; }
 selected() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
 
@@ -56,7 +56,7 @@ distilled() { [ "$1" = - ] || [ -f "$(corpus_dir "$1")/data-bin/.done" ]; }
 data_of() { if [ "$1" = - ]; then echo "$WORK_DIR/data-bin"; else echo "$(corpus_dir "$1")/data-bin"; fi; }
 distill() {
   log "$1: translating the training set (sequence-level distillation, $(corpus_dir "$1"))"
-  OMP_NUM_THREADS=$JOB_THREADS python -m fairseq_hardattn.tools.distillation "$WORK_DIR/data-bin" \
+  OMP_NUM_THREADS=$JOB_THREADS "$PYTHON" -m fairseq_hardattn.tools.distillation "$WORK_DIR/data-bin" \
     "$WORK_DIR/runs/$1/checkpoint_avg.pt" "$(corpus_dir "$1")" --beam "$BEAM" -- "${DEVICE_FLAGS[@]}" \
     || log "$1: distillation failed (see $(corpus_dir "$1"))"
 }
@@ -148,11 +148,11 @@ wait
 # with another budget (a longer one's pair, say): then they are printed instead
 write_tables() {
   local status=0
-  python "$REPO/scripts/results_table.py" "$WORK_DIR" "$RESULTS" ${REFERENCE:+--reference "$REFERENCE"} \
+  "$PYTHON" "$REPO/scripts/results_table.py" "$WORK_DIR" "$RESULTS" ${REFERENCE:+--reference "$REFERENCE"} \
     || status=$?
   [ "$status" = 3 ] || return "$status"  # 3: another budget (results_table.py); any other failure stops
   log "tables not written ($WORK_DIR has another budget than results/scores/budget.json); its scores:"
-  python "$REPO/scripts/results_table.py" "$WORK_DIR" --print
+  "$PYTHON" "$REPO/scripts/results_table.py" "$WORK_DIR" --print
 }
 [ "${SKIP_BENCH:-0}" = 1 ] && { write_tables; exit 0; }
 
@@ -162,27 +162,27 @@ for name in $("${EXPERIMENTS[@]}" benchmarks); do
   [ -s "$RESULTS/$name.json" ] && continue
   log "benchmark: $name"
   mapfile -t ARGS < <("${EXPERIMENTS[@]}" benchmark "$name" "$WORK_DIR")
-  python "$REPO/scripts/benchmark_decoding.py" --json "$RESULTS/$name.json.tmp" \
+  "$PYTHON" "$REPO/scripts/benchmark_decoding.py" --json "$RESULTS/$name.json.tmp" \
     --markdown "$RESULTS/$name.md" "${ARGS[@]}" >&2 && mv "$RESULTS/$name.json.tmp" "$RESULTS/$name.json"
 done
 # one decoding step of cross-attention alone, per mechanism (Base dims)
-[ -s "$RESULTS/attention_step_costs.json" ] || python "$REPO/scripts/attention_step_costs.py" \
+[ -s "$RESULTS/attention_step_costs.json" ] || "$PYTHON" "$REPO/scripts/attention_step_costs.py" \
   --src-len 50 100 200 400 --reps 15 --threads 1 --json "$RESULTS/attention_step_costs.json" \
   --markdown "$RESULTS/attention_step_costs.md" >&2
 # the same at the small preset's dims (d = 128, 4 heads): Multi30k's ~15-token
 # sources, and longer ones
-[ -s "$RESULTS/attention_step_costs_small.json" ] || python "$REPO/scripts/attention_step_costs.py" \
+[ -s "$RESULTS/attention_step_costs_small.json" ] || "$PYTHON" "$REPO/scripts/attention_step_costs.py" \
   --embed-dim 128 --heads 4 --src-len 15 30 100 --reps 15 --threads 1 \
   --json "$RESULTS/attention_step_costs_small.json" \
   --markdown "$RESULTS/attention_step_costs_small.md" >&2
-[ -s "$RESULTS/op_costs_cpu.json" ] || python "$REPO/scripts/op_costs.py" --threads 1 \
+[ -s "$RESULTS/op_costs_cpu.json" ] || "$PYTHON" "$REPO/scripts/op_costs.py" --threads 1 \
   --json "$RESULTS/op_costs_cpu.json" --markdown "$RESULTS/op_costs_cpu.md" >&2
-[ -s "$RESULTS/memory.json" ] || python "$REPO/scripts/memory_profile.py" \
+[ -s "$RESULTS/memory.json" ] || "$PYTHON" "$REPO/scripts/memory_profile.py" \
   --arch transformer_soft_small --arch transformer_hard_dec_small --arch transformer_cross_self_small \
   --arch transformer_hard_cross_self_small --arch transformer_aan_small \
   --arch transformer_local_small --arch transformer_flexible_small \
   --json "$RESULTS/memory.json" --markdown "$RESULTS/memory.md" >&2
-[ -s "$RESULTS/speed_vs_length.json" ] || python "$REPO/scripts/plot_speed_vs_length.py" \
+[ -s "$RESULTS/speed_vs_length.json" ] || "$PYTHON" "$REPO/scripts/plot_speed_vs_length.py" \
   --arch soft=transformer_soft --arch hard=transformer_hard_dec \
   --arch cross_self=transformer_cross_self --arch aan=transformer_aan \
   --arch flexible=transformer_flexible --arch local=transformer_local \
@@ -194,20 +194,20 @@ trained flexible_ft && \
 trained flexible_band_ft && \
   CURVES+=(--checkpoint "fine-tuned within the bands of τ (auto)=$WORK_DIR/runs/flexible_band_ft/checkpoint_avg.pt")
 if [ "${#CURVES[@]}" -gt 0 ] && [ ! -s "$RESULTS/bleu_vs_cps.json" ]; then
-  python "$REPO/scripts/bleu_vs_cps.py" --data "$WORK_DIR/data-bin" "${CURVES[@]}" \
+  "$PYTHON" "$REPO/scripts/bleu_vs_cps.py" --data "$WORK_DIR/data-bin" "${CURVES[@]}" \
     --tok-ref "$DATA_DIR/tok/test_2016_flickr.de" --thresholds 0.1 0.25 0.5 0.75 1 auto 2 4 inf \
     --out "$RESULTS/bleu_vs_cps.png" --json "$RESULTS/bleu_vs_cps.json" >&2
 fi
 # the d/4 gate network, band-fine-tuned, between tau = 0.75 and the paper's rule
 if trained flexible_gate32_band_ft && [ ! -s "$RESULTS/bleu_vs_cps_gate32.json" ]; then
-  python "$REPO/scripts/bleu_vs_cps.py" --data "$WORK_DIR/data-bin" --threads 2 \
+  "$PYTHON" "$REPO/scripts/bleu_vs_cps.py" --data "$WORK_DIR/data-bin" --threads 2 \
     --checkpoint "gate32=$WORK_DIR/runs/flexible_gate32_band_ft/checkpoint_avg.pt" \
     --tok-ref "$DATA_DIR/tok/test_2016_flickr.de" --thresholds 0.75 0.9 1 1.25 \
     --out "$RESULTS/bleu_vs_cps_gate32.png" --json "$RESULTS/bleu_vs_cps_gate32.json" >&2
 fi
 for run in soft hard flexible_ft; do
   trained "$run" && [ ! -s "$RESULTS/attention_$run.png" ] && \
-    python "$REPO/scripts/plot_attention.py" --data "$WORK_DIR/data-bin" \
+    "$PYTHON" "$REPO/scripts/plot_attention.py" --data "$WORK_DIR/data-bin" \
       --checkpoint "$WORK_DIR/runs/$run/checkpoint_avg.pt" --index 7 \
       --out "$RESULTS/attention_$run.png" \
       $( [ "$run" = flexible_ft ] && echo --gate-out "$RESULTS/flexible_gate.png" ) >&2

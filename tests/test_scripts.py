@@ -452,7 +452,13 @@ def results_sh_with_stand_ins(tmp_path, only, failing_run="-", failing_translati
         "open(os.path.join(out, 'data-bin', '.done'), 'w').close()\n"
         "journal.write(f'distilled {run}\\n')\n")
     env = tool_env(ONLY=only, PARALLEL=str(parallel), SKIP_BENCH="1", PYTHONPATH=str(tools.parent.parent))
-    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    # a bare `python` fails: the recipe runs "$PYTHON" (python3), which GPU images have
+    # where `python` may be another interpreter or missing
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "python").write_text("#!/bin/sh\necho 'results.sh called a bare python' >&2; exit 97\n")
+    (bare / "python").chmod(0o755)
+    env["PATH"] = f"{bare}:{Path(sys.executable).parent}:{env.get('PATH', '')}"
     # (not from the repo's root, whose fairseq_hardattn python -m would import before the stand-in)
     proc = subprocess.run(["bash", str(repo / "scripts" / "results.sh"), tmp_path / "data",
                            tmp_path / "work"], env=env, capture_output=True, text=True, timeout=300,

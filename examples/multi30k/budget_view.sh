@@ -27,7 +27,7 @@ if [ "${#RUNS[@]}" -eq 0 ]; then
 fi
 [ "${#RUNS[@]}" -gt 0 ] || { echo "budget_view.sh: no run of $LONG has reached epoch $EPOCH" >&2; exit 2; }
 # the long run's budget with this number of epochs, for the tables' notes
-python - "$LONG/budget.json" "$VIEW/budget.json" "$EPOCH" <<'EOF'
+"$PYTHON" - "$LONG/budget.json" "$VIEW/budget.json" "$EPOCH" <<'EOF'
 import json, sys
 budget = json.load(open(sys.argv[1]))
 budget["epochs"] = int(sys.argv[3])
@@ -46,7 +46,7 @@ for run in "${RUNS[@]}"; do
   if [ ! -f "$VIEW/runs/$run/checkpoint_avg.pt" ]; then
     mkdir -p "$VIEW/runs/$run"
     log "$run: averaging the last $AVERAGE_LAST epoch checkpoints up to epoch $EPOCH"
-    python -m fairseq_hardattn.tools.average_checkpoints --inputs "$LONG/runs/$run" \
+    "$PYTHON" -m fairseq_hardattn.tools.average_checkpoints --inputs "$LONG/runs/$run" \
       --num-epoch-checkpoints "$AVERAGE_LAST" --checkpoint-upper-bound "$EPOCH" \
       --output "$VIEW/runs/$run/checkpoint_avg.pt.tmp"
     mv "$VIEW/runs/$run/checkpoint_avg.pt.tmp" "$VIEW/runs/$run/checkpoint_avg.pt"

@@ -12,6 +12,7 @@
 : "${KEEP_EPOCHS:=$AVERAGE_LAST}"  # epoch checkpoints kept (-1: all, for budget_view.sh)
 : "${BEAM:=4}"             # the hard-attention paper's beam
 : "${THREADS:=2}"
+: "${PYTHON:=python3}"       # the interpreter of the tools (python3: every venv and GPU image has it)
 : "${DEVICE:=cpu}"          # cuda: train and decode on the GPU (FP16=1: half precision)
 export OMP_NUM_THREADS="$THREADS" MKL_NUM_THREADS="$THREADS"
 case "$DEVICE" in

@@ -18,7 +18,7 @@ mkdir -p "$WORK_DIR"
 
 bash "$HERE/prepare.sh" "$DATA_DIR" "$WORK_DIR"
 
-EXPERIMENTS=(python "$HERE/experiments.py")  # the runs and decodes, declared once
+EXPERIMENTS=("$PYTHON" "$HERE/experiments.py")  # the runs and decodes, declared once
 WANTED=" soft hard soft_decoded_hard hard_decoded_soft "
 [ "${ABLATIONS:-0}" = 1 ] && WANTED+="hard_cross hard_all "
 while IFS=$'\t' read -r name arch _ flags; do
@@ -34,4 +34,4 @@ for subset in valid test; do
       --model-overrides "$overrides" > /dev/null
   done < <("${EXPERIMENTS[@]}" decodes)
 done
-python "$HERE/../../scripts/results_table.py" "$WORK_DIR" --print
+"$PYTHON" "$HERE/../../scripts/results_table.py" "$WORK_DIR" --print

@@ -22,6 +22,6 @@ fairseq-train "$DATA_BIN" --arch "$ARCH" "${TRAIN_FLAGS[@]}" \
   --save-dir "$RUN" --keep-last-epochs "$KEEP_EPOCHS" "$@" \
   >> "$RUN/train.log" 2>&1
 log "$NAME: averaging the last $AVERAGE_LAST epoch checkpoints"
-python -m fairseq_hardattn.tools.average_checkpoints --inputs "$RUN" \
+"$PYTHON" -m fairseq_hardattn.tools.average_checkpoints --inputs "$RUN" \
   --num-epoch-checkpoints "$AVERAGE_LAST" --output "$RUN/checkpoint_avg.pt" >> "$RUN/train.log" 2>&1
 log "$NAME: done ($RUN/checkpoint_avg.pt)"
