@@ -113,6 +113,20 @@ def test_the_engine_step_compiles_as_one_graph(arch):
             tokens = torch.cat([tokens, outputs[0].argmax(-1)], dim=1)
 
 
+def test_the_default_engine_is_fairseqs_way_on_a_cpu():
+    d = make_dictionary()
+    model = build_model("transformer_hard_dec", d).eval()
+    assert model.decoder.decoding_engine == "auto"
+    src, _, _ = random_batch(d, [5, 3], seed=1)
+    assert decoding_engine.resolved("auto", src) == "dynamic"
+    assert decoding_engine.resolved("static", src) == "static"
+    state = {}
+    tokens = torch.full((2, 1), d.eos())
+    with torch.no_grad():
+        model.decoder(tokens, model.encoder(src, torch.tensor([5, 3])), incremental_state=state)
+    assert static_decoding.state(state) is None  # no static caches: fairseq's own step ran
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("arch", TRANSFORMER_ARCHS)
 def test_captured_graph_gives_the_eager_hypotheses_on_a_gpu(arch):
@@ -120,6 +134,10 @@ def test_captured_graph_gives_the_eager_hypotheses_on_a_gpu(arch):
     model = decisive_model(arch, d).float().cuda()
     src, lengths, _ = random_batch(d, [9, 7, 6, 4, 3], seed=2)
     src, lengths = src.cuda(), lengths.cuda()
-    generator_args = dict(beam_size=4, min_len=20, max_len_a=0, max_len_b=20)
-    assert (hypotheses(model, d, src, lengths, "graph", **generator_args)
-            == hypotheses(model, d, src, lengths, "dynamic", **generator_args))
+    assert decoding_engine.resolved("auto", src) == "graph"  # the default on CUDA
+    fixed = dict(beam_size=4, min_len=20, max_len_a=0, max_len_b=20)  # outgrows the first capacity
+    finishing = dict(beam_size=4, max_len_b=10)  # sentences leave the batch
+    for generator_args in (fixed, finishing):
+        expected = hypotheses(model, d, src, lengths, "dynamic", **generator_args)
+        for engine in ("graph", "auto"):
+            assert hypotheses(model, d, src, lengths, engine, **generator_args) == expected, engine

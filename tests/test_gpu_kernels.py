@@ -18,10 +18,24 @@ from fairseq_hardattn.modules import FlexibleAttention, HardRetrievalAttention, 
 from conftest import REPO, tool_env
 
 try:
-    import triton  # noqa: F401
+    import triton
+    import triton.language as tl
     HAS_TRITON = True
 except ImportError:
     HAS_TRITON = False
+
+# the marker of an interpreter that cannot run our kernels' loops (a Triton bug,
+# not ours): Triton 3.6's takes int() of a 1-element array for a runtime loop
+# bound, which numpy >= 2.4 refuses (Triton 3.9's squeezes it first)
+BROKEN_INTERPRETER = "Triton's interpreter cannot loop to a runtime bound"
+
+if HAS_TRITON:
+    @triton.jit
+    def _count_to(out, n):  # the probe: a loop to a runtime bound, as the kernels' over keys
+        total = 0
+        for _ in range(0, n):
+            total += 1
+        tl.store(out, total)
 
 HEADS, SENTENCES, BEAM, SRC_LEN = 4, 3, 2, 23
 
@@ -102,8 +116,18 @@ def test_the_kernels_equal_the_references_on_a_gpu(dtype):
 INTERPRETED = textwrap.dedent("""
     import sys, torch
     sys.path.insert(0, {tests!r})
-    from test_gpu_kernels import check_ops
+    from test_gpu_kernels import BROKEN_INTERPRETER, _count_to, check_ops
+    from triton.runtime.errors import InterpreterError
     from fairseq_hardattn.kernels import gpu_ops
+    count = torch.zeros(1, dtype=torch.int32)
+    try:
+        _count_to[(1,)](count, 3)
+    except InterpreterError as error:
+        if "0-dimensional" not in str(error):
+            raise
+        print(BROKEN_INTERPRETER, repr(error))
+        sys.exit(0)
+    assert count.item() == 3, count
     assert gpu_ops.available(torch.empty(0))
     check_ops("cpu", torch.float32)
     # decoding through the modules, kernels on (interpreted) and off
@@ -133,4 +157,6 @@ def test_the_kernels_equal_the_references_in_tritons_interpreter():
         env=tool_env(TRITON_INTERPRET="1", FAIRSEQ_HARDATTN_KERNELS="0"), cwd=REPO,
         capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    if BROKEN_INTERPRETER in proc.stdout:
+        pytest.skip(proc.stdout.strip())
     assert "interpreted kernels ok" in proc.stdout

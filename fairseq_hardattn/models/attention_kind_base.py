@@ -197,17 +197,18 @@ class AttentionKindEncoder(TransformerEncoderBase):
 class AttentionKindDecoder(TransformerDecoderBase):
     layer_class = AttentionKindDecoderLayer
     # how incremental decoding runs (decoding_engine.ENGINES; --decoding-engine)
-    decoding_engine = "dynamic"
+    decoding_engine = "auto"
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
         return wrap_layer(self.layer_class(cfg, no_encoder_attn), cfg)
 
     def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None,
                 features_only=False, **kwargs):
-        if (incremental_state is not None and self.decoding_engine != "dynamic"
+        engine = decoding_engine.resolved(self.decoding_engine, prev_output_tokens)
+        if (incremental_state is not None and engine != "dynamic"
                 and not self.training and not features_only and not kwargs.get("alignment_layer")):
             return decoding_engine.step(self, prev_output_tokens, encoder_out, incremental_state,
-                                        self.decoding_engine)
+                                        engine)
         return super().forward(prev_output_tokens, encoder_out, incremental_state,
                                features_only=features_only, **kwargs)
 
@@ -267,9 +268,10 @@ class AttentionKindTransformerModel(ClearCheckpointErrors, TransformerModel):
                                  "sampled from the attention distribution (the paper) or its "
                                  "argmax, as at inference (straight-through argmax)")
         parser.add_argument("--decoding-engine", choices=decoding_engine.ENGINES,
-                            help="how incremental decoding runs: 'dynamic' (fairseq's way, the "
-                                 "default), 'static' (preallocated caches written in place), "
-                                 "'graph' (static, the step replayed as a CUDA graph); see "
+                            help="how incremental decoding runs: 'auto' (the default: 'graph' "
+                                 "on CUDA, 'dynamic' elsewhere), 'dynamic' (fairseq's way), "
+                                 "'static' (preallocated caches written in place), 'graph' "
+                                 "(static, the step replayed as a CUDA graph); see "
                                  "models/decoding_engine.py")
         parser.add_argument("--hard-anneal-updates", type=int, metavar="N",
                             help="soft-to-hard curriculum: over the first N updates a rising "
@@ -358,7 +360,7 @@ def base_architecture(args):
     """Transformer Base dims; every kind soft unless an option says otherwise."""
     set_defaults(args, **{option: "soft" for option in ATTENTION_KIND_OPTIONS})
     set_defaults(args, hard_train_retrieval="sample", hard_anneal_updates=0,
-                 hard_cooling_updates=0, hard_entropy_penalty=0.0, decoding_engine="dynamic")
+                 hard_cooling_updates=0, hard_entropy_penalty=0.0, decoding_engine="auto")
     fairseq_base_architecture(args)
 
 

@@ -1,8 +1,9 @@
 """Static-shape decoding state: what the decoding engine (``--decoding-engine
 static`` or ``graph``) asks of the attention modules.
 
-In the default (dynamic) decoding, each step concatenates the new keys and
-values to the self-attention caches, reordering the beam builds new tensors,
+In dynamic decoding (fairseq's way, the default on a CPU), each step
+concatenates the new keys and values to the self-attention caches,
+reordering the beam builds new tensors,
 and finished sentences leave the batch: every step has other shapes and
 other tensors, which no CUDA graph can replay. The engine keeps instead, for
 one decoding call:
