@@ -337,6 +337,22 @@ HARD_PRE_ARGMAX_DROP02_ENTROPY = replace(
 HARD_PRE_SELF = replace(HARD_PRE_ARGMAX, name="hard_pre_self", flags="--dec-cross-attn-kind soft",
                         what="the parity recipe with hard retrieval in decoder self-attention only "
                              "(cross-attention soft)")
+# bigger models than the small preset (trained on a GPU): is the hard-decoding
+# cost a property of 4 heads of 32 dims? d = 256 keeps 4 heads, now of 64 dims;
+# Base dims (6+6 layers, d = 512, 8 heads of 64: the paper's) take a peak lr
+# for their size, and save no optimizer state (4x smaller epoch checkpoints)
+WIDE_HEADS = ("--encoder-embed-dim 256 --decoder-embed-dim 256 "
+              "--encoder-ffn-embed-dim 1024 --decoder-ffn-embed-dim 1024")
+BASE_DIMS = "--lr 0.001 --no-save-optimizer-state"
+HARD_PRE_ARGMAX_D256 = replace(HARD_PRE_ARGMAX, name="hard_pre_argmax_d256", flags=WIDE_HEADS,
+                               what="the parity recipe at d = 256 (4 heads of 64 dims, FFN 1024)")
+SOFT_PRE_D256 = replace(SOFT_PRE, name="soft_pre_d256", flags=WIDE_HEADS,
+                        what="soft_pre at d = 256 (hard_pre_argmax_d256's soft counterpart)")
+HARD_PRE_ARGMAX_BASE = Run("hard_pre_argmax_base", "transformer_hard_dec_prenorm", BASE_DIMS,
+                           "the parity recipe at Transformer Base dims (6+6 layers, d = 512, "
+                           "8 heads of 64), peak lr 0.001")
+SOFT_PRE_BASE = Run("soft_pre_base", "transformer_soft_prenorm", BASE_DIMS,
+                    "soft_pre at Base dims (hard_pre_argmax_base's soft counterpart)")
 PARITY_RUNS = (
     Run("hard_pre", "transformer_hard_dec_prenorm_small", "--hard-train-retrieval sample",
         "hard, pre-norm, keys sampled in training (the paper's)"),
@@ -368,6 +384,10 @@ PARITY_RUNS = (
     CROSS_SELF_PRE,
     reseeded(CROSS_SELF_PRE, 2),
     HARD_PRE_ARGMAX_DROP02_ENTROPY,
+    HARD_PRE_ARGMAX_D256,
+    SOFT_PRE_D256,
+    HARD_PRE_ARGMAX_BASE,
+    SOFT_PRE_BASE,
     # sequence-level distillation (Kim and Rush, 2016): soft_pre's beam
     # translations of the training sources replace the references, for the
     # hard recipe and its soft counterpart alike
@@ -405,6 +425,8 @@ PARITY_PAIRS = (("hard", "soft"), ("hard_pre", "soft_pre"), ("hard_pre_argmax", 
                 ("hard_pre_argmax_from_soft_lr3e4", "soft_pre_more_lr3e4"),
                 ("hard_pre_argmax_drop02", "soft_pre_drop02"), ("hard_pre_argmax_drop02", "soft_pre"),
                 ("hard_pre_argmax_drop02_s2", "soft_pre_drop02_s2"),
+                (HARD_PRE_ARGMAX_D256.name, SOFT_PRE_D256.name),
+                (HARD_PRE_ARGMAX_BASE.name, SOFT_PRE_BASE.name),
                 ("hard_pre_self", "soft_pre"), ("hard_pre_self_s2", "soft_pre_s2"),
                 ("hard_pre_argmax_drop01", "soft_pre_drop01"),
                 (HARD_PRE_ARGMAX_DROP02_ENTROPY.name, "soft_pre_drop02"),
@@ -563,7 +585,8 @@ def _gpu_models(src_len):
     for name, (arch, extra) in ours.items():
         args += [f"--arch {name}={arch}", f"--override {name}={{{graph}{extra}}}"]
     for name in ("soft", "hard"):  # the same models, decoded step by step as fairseq does
-        args += [f"--arch {name}_dynamic={ours[name][0]}"]
+        args += [f"--arch {name}_dynamic={ours[name][0]}",
+                 f"--override {name}_dynamic={{'decoding_engine':'dynamic'}}"]
     return " ".join(args)
 
 
