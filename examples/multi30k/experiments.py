@@ -343,15 +343,15 @@ HARD_PRE_SELF = replace(HARD_PRE_ARGMAX, name="hard_pre_self", flags="--dec-cros
 # for their size, and save no optimizer state (4x smaller epoch checkpoints)
 WIDE_HEADS = ("--encoder-embed-dim 256 --decoder-embed-dim 256 "
               "--encoder-ffn-embed-dim 1024 --decoder-ffn-embed-dim 1024")
-BASE_DIMS = "--lr 0.001 --no-save-optimizer-state"
+BASE_RUN_FLAGS = "--lr 0.001 --no-save-optimizer-state"
 HARD_PRE_ARGMAX_D256 = replace(HARD_PRE_ARGMAX, name="hard_pre_argmax_d256", flags=WIDE_HEADS,
                                what="the parity recipe at d = 256 (4 heads of 64 dims, FFN 1024)")
 SOFT_PRE_D256 = replace(SOFT_PRE, name="soft_pre_d256", flags=WIDE_HEADS,
                         what="soft_pre at d = 256 (hard_pre_argmax_d256's soft counterpart)")
-HARD_PRE_ARGMAX_BASE = Run("hard_pre_argmax_base", "transformer_hard_dec_prenorm", BASE_DIMS,
+HARD_PRE_ARGMAX_BASE = Run("hard_pre_argmax_base", "transformer_hard_dec_prenorm", BASE_RUN_FLAGS,
                            "the parity recipe at Transformer Base dims (6+6 layers, d = 512, "
                            "8 heads of 64), peak lr 0.001")
-SOFT_PRE_BASE = Run("soft_pre_base", "transformer_soft_prenorm", BASE_DIMS,
+SOFT_PRE_BASE = Run("soft_pre_base", "transformer_soft_prenorm", BASE_RUN_FLAGS,
                     "soft_pre at Base dims (hard_pre_argmax_base's soft counterpart)")
 PARITY_RUNS = (
     Run("hard_pre", "transformer_hard_dec_prenorm_small", "--hard-train-retrieval sample",

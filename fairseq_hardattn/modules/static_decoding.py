@@ -3,10 +3,9 @@ static`` or ``graph``) asks of the attention modules.
 
 In dynamic decoding (fairseq's way, the default on a CPU), each step
 concatenates the new keys and values to the self-attention caches,
-reordering the beam builds new tensors,
-and finished sentences leave the batch: every step has other shapes and
-other tensors, which no CUDA graph can replay. The engine keeps instead, for
-one decoding call:
+reordering the beam builds new tensors, and finished sentences leave the
+batch: every step has other shapes and other tensors, which no CUDA graph
+can replay. The engine keeps instead, for one decoding call:
 
 - a fixed number of rows (the batch of the first step): when the generator
   drops finished sentences, the remaining ones move to the first rows and the
