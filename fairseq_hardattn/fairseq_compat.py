@@ -38,6 +38,11 @@ Each piece names the fairseq behaviour it changes and is pinned by a test
   options as ``PluginModelArgs``, a Namespace under this plugin's name: that
   refusal names ``fairseq_hardattn``, and where torch unpickles freely the
   plugin is imported by the checkpoint itself.
+- ``--no-repeat-ngram-size``: fairseq's Python n-gram blocker (every CPU run,
+  and GPU runs of this build, which ships no CUDA extension for it) compares
+  the last n-1 entries of the whole preallocated token buffer (padding) with
+  the hypothesis, so it bans nothing and the option silently does nothing
+  (fairseq issue 5206). We hand it the tokens generated so far.
 - Warnings about fairseq's own use of its libraries (Hydra's deprecated
   APIs, ``torch.cuda.amp.autocast``, ``pin_memory`` without a GPU, torch's
   note on the mask types fairseq's attention passes): two dozen lines on
@@ -56,7 +61,7 @@ import warnings
 
 import numpy
 import torch
-from fairseq import checkpoint_utils
+from fairseq import checkpoint_utils, ngram_repeat_block
 from fairseq.data import data_utils
 
 from .errors import ConfigError, report_error
@@ -258,6 +263,18 @@ def batch_by_size(
     )
 
 
+# --- n-gram blocking ----------------------------------------------------------
+
+
+def generated_tokens_only(no_repeat_ngram):
+    """Wrap ``NGramRepeatBlock._no_repeat_ngram``: it reads the last n-1
+    tokens of what it is given, so give it the tokens up to this step."""
+    @functools.wraps(no_repeat_ngram)
+    def blocked(self, tokens, lprobs, bsz: int, beam_size: int, step: int):
+        return no_repeat_ngram(self, tokens[:, : step + 1], lprobs, bsz, beam_size, step)
+    return blocked
+
+
 # --- noise ------------------------------------------------------------------
 
 # (category, message pattern) of warnings about fairseq's own code
@@ -300,3 +317,4 @@ def install():
     quiet_fairseq_noise()
     _wrap(checkpoint_utils, "load_checkpoint_to_cpu", readable_checkpoints)
     _wrap(checkpoint_utils, "overwrite_args_by_name", checked_overrides)
+    _wrap(ngram_repeat_block.NGramRepeatBlock, "_no_repeat_ngram", generated_tokens_only)

@@ -6,6 +6,7 @@ CPU); on a GPU the CUDA-graph replay gives the eager hypotheses."""
 
 import pytest
 import torch
+from fairseq import search
 from fairseq.sequence_generator import SequenceGenerator
 
 import fairseq_hardattn
@@ -17,11 +18,13 @@ from conftest import build_model, make_dictionary, random_batch
 TRANSFORMER_ARCHS = [a for a in fairseq_hardattn.registered_architectures() if "lstm" not in a]
 
 
-def hypotheses(model, d, src, lengths, engine, **generator_args):
+def hypotheses(model, d, src, lengths, engine, prefix_tokens=None, **generator_args):
     model.decoder.decoding_engine = engine
     generator = SequenceGenerator([model], d, **generator_args)
+    torch.manual_seed(5)  # sampling draws the same numbers for each engine
     with torch.no_grad():
-        found = generator.generate(None, {"net_input": {"src_tokens": src, "src_lengths": lengths}})
+        found = generator.generate(None, {"net_input": {"src_tokens": src, "src_lengths": lengths}},
+                                   prefix_tokens=prefix_tokens)
     return [[(h["tokens"].tolist(), round(float(h["score"]), 3)) for h in hyps] for hyps in found]
 
 
@@ -49,6 +52,31 @@ def test_static_engine_gives_the_dynamic_hypotheses(arch):
     long = dict(beam_size=3, min_len=24, max_len_a=0, max_len_b=24)
     assert (hypotheses(model, d, src, lengths, "static", **long)
             == hypotheses(model, d, src, lengths, "dynamic", **long))
+
+
+# the searches fairseq-generate offers besides plain beam search (the engine
+# is the default on CUDA): sampling, forced prefixes, diverse beams, n-best
+OTHER_SEARCHES = {
+    "sampling": lambda d: dict(beam_size=2, max_len_b=10,
+                               search_strategy=search.Sampling(d, sampling_topk=5)),
+    "prefix": lambda d: dict(beam_size=3, max_len_b=10),
+    "diverse_beam": lambda d: dict(beam_size=4, max_len_b=10,
+                                   search_strategy=search.DiverseBeamSearch(d, 2, 0.5)),
+    "nbest_no_repeat": lambda d: dict(beam_size=4, max_len_b=10, no_repeat_ngram_size=2),
+}
+
+
+@pytest.mark.parametrize("arch", ["transformer_soft", "transformer_hard_dec", "transformer_cross_self",
+                                  "transformer_aan", "transformer_local", "transformer_flexible"])
+@pytest.mark.parametrize("search_name", sorted(OTHER_SEARCHES))
+def test_static_engine_gives_the_dynamic_hypotheses_of_other_searches(arch, search_name):
+    d = make_dictionary()
+    model = decisive_model(arch, d)
+    src, lengths, _ = random_batch(d, [9, 7, 6, 4, 3], seed=2)
+    prefix = src[:, -3:-1] if search_name == "prefix" else None  # two tokens forced per sentence
+    generator_args = OTHER_SEARCHES[search_name](d)
+    assert (hypotheses(model, d, src, lengths, "static", prefix, **generator_args)
+            == hypotheses(model, d, src, lengths, "dynamic", prefix, **generator_args))
 
 
 def test_the_static_state_keeps_its_tensors_across_steps():

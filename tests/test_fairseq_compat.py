@@ -98,3 +98,36 @@ def test_quickstart_and_the_readmes_python_example(reorder_data, tmp_path):
     translations, aligned = example.stdout.strip().splitlines()[-2:]
     assert eval(translations) and all(isinstance(t, str) for t in eval(translations))
     assert re.search(r" \[\(\d+, 0\), \(\d+, 1\)", aligned), aligned  # (source, target) pairs
+
+
+def test_no_repeat_ngram_size_bans_repeated_ngrams():
+    """fairseq's Python n-gram blocker compared padding with the hypothesis and
+    banned nothing (fairseq issue 5206): with the plugin, no hypothesis repeats
+    a bigram under ``no_repeat_ngram_size=2``, and the option changes the output
+    of a model that repeats itself without it."""
+    import torch
+    from fairseq.sequence_generator import SequenceGenerator
+
+    from conftest import build_model, make_dictionary, random_batch
+
+    d = make_dictionary()
+    torch.manual_seed(0)
+    model = build_model("transformer_hard_dec", d).eval()
+    with torch.no_grad():
+        model.decoder.output_projection.weight.mul_(20)  # one token dominates: repetitions
+    src, lengths, _ = random_batch(d, [9, 7, 6, 4, 3], seed=2)
+
+    def hypotheses(size):
+        generator = SequenceGenerator([model], d, beam_size=4, max_len_b=10, no_repeat_ngram_size=size)
+        with torch.no_grad():
+            found = generator.generate(None, {"net_input": {"src_tokens": src, "src_lengths": lengths}})
+        return [[h["tokens"].tolist() for h in hyps] for hyps in found]
+
+    def repeats_a_bigram(tokens):
+        bigrams = list(zip(tokens, tokens[1:]))
+        return len(bigrams) != len(set(bigrams))
+
+    free = hypotheses(0)
+    assert any(repeats_a_bigram(t) for hyps in free for t in hyps)  # the case the option is for
+    blocked = hypotheses(2)
+    assert not any(repeats_a_bigram(t) for hyps in blocked for t in hyps)
