@@ -437,7 +437,8 @@ PARITY_PAIRS = (("hard", "soft"), ("hard_pre", "soft_pre"), ("hard_pre_argmax", 
                 ("hard_pre_argmax_from_soft_seqkd", "soft_pre_more_seqkd"),
                 ("hard_pre_argmax_from_soft_seqkd", "soft_pre"),
                 # cross+self against soft (the parity target with its fewer parameters)
-                ("cross_self", "soft"), ("cross_self_pre", "soft_pre"))
+                ("cross_self", "soft"), ("cross_self_pre", "soft_pre"),
+                ("cross_self_pre_s2", "soft_pre_s2"))
 
 # rows of the main table after the runs: fine-tunings and Table-4 switches, in this order
 TABLE_EXTRA_ROWS = ("fairseq", "hard_pre_argmax_from_soft", "hard_pre_argmax_from_soft_kd",
