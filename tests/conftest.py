@@ -86,6 +86,18 @@ def build_model(arch, dictionary=None, **overrides):
     return model.double()
 
 
+def decisive_model(arch, dictionary):
+    """Random weights, with an output layer 20x sharper: one token dominates
+    (the search repeats it), and hypotheses' scores differ by more than
+    float32 rounding (a static cache sums softmax rows in another order than a
+    growing one, ~1e-7 apart)."""
+    torch.manual_seed(0)
+    model = build_model(arch, dictionary).eval()
+    with torch.no_grad():
+        model.decoder.output_projection.weight.mul_(20)
+    return model
+
+
 def random_batch(dictionary, lengths, tgt_len=6, seed=0):
     """Left-padded sources of the given lengths (each ends with EOS) and targets."""
     g = torch.Generator().manual_seed(seed)

@@ -13,7 +13,7 @@ import fairseq_hardattn
 from fairseq_hardattn.models import decoding_engine
 from fairseq_hardattn.modules import static_decoding
 
-from conftest import build_model, make_dictionary, random_batch
+from conftest import build_model, decisive_model, make_dictionary, random_batch
 
 TRANSFORMER_ARCHS = [a for a in fairseq_hardattn.registered_architectures() if "lstm" not in a]
 
@@ -26,17 +26,6 @@ def hypotheses(model, d, src, lengths, engine, prefix_tokens=None, **generator_a
         found = generator.generate(None, {"net_input": {"src_tokens": src, "src_lengths": lengths}},
                                    prefix_tokens=prefix_tokens)
     return [[(h["tokens"].tolist(), round(float(h["score"]), 3)) for h in hyps] for hyps in found]
-
-
-def decisive_model(arch, d):
-    """Random weights, with an output layer 20x sharper: hypotheses whose
-    scores differ by more than float32 rounding (a static cache sums softmax
-    rows in another order than a growing one, ~1e-7 apart)."""
-    torch.manual_seed(0)
-    model = build_model(arch, d).eval()
-    with torch.no_grad():
-        model.decoder.output_projection.weight.mul_(20)
-    return model
 
 
 @pytest.mark.parametrize("arch", TRANSFORMER_ARCHS)
@@ -55,14 +44,14 @@ def test_static_engine_gives_the_dynamic_hypotheses(arch):
 
 
 # the searches fairseq-generate offers besides plain beam search (the engine
-# is the default on CUDA): sampling, forced prefixes, diverse beams, n-best
+# is the default on CUDA): sampling, forced prefixes, diverse beams, n-gram blocking
 OTHER_SEARCHES = {
     "sampling": lambda d: dict(beam_size=2, max_len_b=10,
                                search_strategy=search.Sampling(d, sampling_topk=5)),
     "prefix": lambda d: dict(beam_size=3, max_len_b=10),
     "diverse_beam": lambda d: dict(beam_size=4, max_len_b=10,
                                    search_strategy=search.DiverseBeamSearch(d, 2, 0.5)),
-    "nbest_no_repeat": lambda d: dict(beam_size=4, max_len_b=10, no_repeat_ngram_size=2),
+    "no_repeat_ngram": lambda d: dict(beam_size=4, max_len_b=10, no_repeat_ngram_size=2),
 }
 
 

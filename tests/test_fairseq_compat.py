@@ -7,11 +7,13 @@ import subprocess
 import sys
 import warnings
 
+import torch
 from fairseq import checkpoint_utils
+from fairseq.sequence_generator import SequenceGenerator
 
 from fairseq_hardattn import fairseq_compat
 
-from conftest import REPO, run_cli, tool_env, train
+from conftest import REPO, decisive_model, make_dictionary, random_batch, run_cli, tool_env, train
 
 
 def test_install_wraps_fairseqs_checkpoint_loading_once():
@@ -105,16 +107,8 @@ def test_no_repeat_ngram_size_bans_repeated_ngrams():
     banned nothing (fairseq issue 5206): with the plugin, no hypothesis repeats
     a bigram under ``no_repeat_ngram_size=2``, and the option changes the output
     of a model that repeats itself without it."""
-    import torch
-    from fairseq.sequence_generator import SequenceGenerator
-
-    from conftest import build_model, make_dictionary, random_batch
-
     d = make_dictionary()
-    torch.manual_seed(0)
-    model = build_model("transformer_hard_dec", d).eval()
-    with torch.no_grad():
-        model.decoder.output_projection.weight.mul_(20)  # one token dominates: repetitions
+    model = decisive_model("transformer_hard_dec", d)  # one token dominates: repetitions
     src, lengths, _ = random_batch(d, [9, 7, 6, 4, 3], seed=2)
 
     def hypotheses(size):
