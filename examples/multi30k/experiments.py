@@ -320,6 +320,15 @@ HARD_PRE_ARGMAX_DROP01 = replace(HARD_PRE_ARGMAX, name="hard_pre_argmax_drop01",
                                  what="the parity recipe with dropout 0.1 (the recipe: 0.3)")
 SOFT_PRE_DROP01 = replace(SOFT_PRE, name="soft_pre_drop01", flags="--dropout 0.1",
                           what="soft_pre with dropout 0.1 (hard_pre_argmax_drop01's soft counterpart)")
+# heads with the best recipe: 8 decoder heads retrieve twice the tokens per
+# layer (at Base dims, 8 heads of 64, hard's validation loss matched soft's)
+HARD_PRE_ARGMAX_DROP01_H8 = replace(HARD_PRE_ARGMAX_DROP01, name="hard_pre_argmax_drop01_h8",
+                                    flags="--dropout 0.1 --decoder-attention-heads 8",
+                                    what="the parity recipe with dropout 0.1 and 8 decoder heads (of 16 dims)")
+SOFT_PRE_DROP01_H8 = replace(SOFT_PRE_DROP01, name="soft_pre_drop01_h8",
+                             flags="--dropout 0.1 --decoder-attention-heads 8",
+                             what="soft_pre with dropout 0.1 and 8 decoder heads "
+                                  "(hard_pre_argmax_drop01_h8's soft counterpart)")
 # cross+self with the parity recipe's pre-norm layers (target: within 0.3 of soft_pre)
 CROSS_SELF_PRE = Run("cross_self_pre", "transformer_cross_self_small",
                      "--encoder-normalize-before --decoder-normalize-before",
@@ -381,6 +390,8 @@ PARITY_RUNS = (
     SOFT_PRE_DROP01,
     reseeded(HARD_PRE_ARGMAX_DROP01, 2),
     reseeded(SOFT_PRE_DROP01, 2),
+    HARD_PRE_ARGMAX_DROP01_H8,
+    SOFT_PRE_DROP01_H8,
     CROSS_SELF_PRE,
     reseeded(CROSS_SELF_PRE, 2),
     HARD_PRE_ARGMAX_DROP02_ENTROPY,
@@ -433,6 +444,7 @@ PARITY_PAIRS = (("hard", "soft"), ("hard_pre", "soft_pre"), ("hard_pre_argmax", 
                 *((conversion.name, "soft_pre_drop01_more") for conversion in DROP01_CONVERSIONS[:2]),
                 *((run.name, "soft_pre_drop01_more") for run in HARD_DROP01_MORE),
                 ("hard_pre_argmax_drop01_s2", "soft_pre_drop01_s2"),
+                (HARD_PRE_ARGMAX_DROP01_H8.name, SOFT_PRE_DROP01_H8.name),
                 ("hard_pre_argmax_seqkd", "soft_pre_seqkd"), ("hard_pre_argmax_seqkd", "soft_pre"),
                 ("hard_pre_argmax_from_soft_seqkd", "soft_pre_more_seqkd"),
                 ("hard_pre_argmax_from_soft_seqkd", "soft_pre"),
