@@ -273,7 +273,8 @@ def searched_with(run: str, beam: int, lenpen: float) -> Decode:
 # beam search's settings chosen on validation for hard and soft alike (issue
 # 18): each (hard, soft) pair decoded over the grid, the recipe's own setting
 # (beam 4, fairseq's length penalty 1) first
-SEARCH_PAIRS = (("hard_pre_argmax_drop01", "soft_pre_drop01"), ("hard_pre_argmax_drop01_s2", "soft_pre_drop01_s2"))
+SEARCH_PAIRS = (("hard_pre_argmax_drop01", "soft_pre_drop01"), ("hard_pre_argmax_drop01_s2", "soft_pre_drop01_s2"),
+                ("hard_pre_argmax_drop01_h8", "soft_pre_drop01_h8"))
 SEARCH_GRID = tuple((beam, lenpen) for beam in (4, 8) for lenpen in (1.0, 0.6, 1.5, 2.0))
 SEARCHES = tuple(searched_with(run, beam, lenpen)
                  for pair in SEARCH_PAIRS for run in pair for beam, lenpen in SEARCH_GRID)
@@ -285,9 +286,11 @@ DECODES = (
     Decode("fairseq", "soft", {"_name": "transformer"},
            "the soft checkpoint decoded by fairseq's own transformer (the peer)"),
     # the paper's Table 4: a model decoded with the other attention kind
-    *(decoded_with(run, "hard") for run in ("soft", "soft_pre", "soft_pre_drop01", "soft_pre_drop01_s2")),
+    *(decoded_with(run, "hard") for run in ("soft", "soft_pre", "soft_pre_drop01", "soft_pre_drop01_s2",
+                                            "soft_pre_drop01_h8")),
     *(decoded_with(run, "soft") for run in ("hard", "hard_pre", "hard_pre_argmax", "hard_pre_argmax_drop01",
-                                            "hard_pre_argmax_drop01_s2", "hard_pre_argmax_from_soft_drop01",
+                                            "hard_pre_argmax_drop01_s2", "hard_pre_argmax_drop01_h8",
+                                            "hard_pre_argmax_from_soft_drop01",
                                             "hard_pre_argmax_from_soft_drop01_entropy0003",
                                             "hard_pre_argmax_drop02_entropy0003")),
     # which of the two hard attentions costs the hard-trained model its BLEU
