@@ -86,13 +86,13 @@ def build_model(arch, dictionary=None, **overrides):
     return model.double()
 
 
-def decisive_model(arch, dictionary):
+def decisive_model(arch, dictionary, **overrides):
     """Random weights, with an output layer 20x sharper: one token dominates
     (the search repeats it), and hypotheses' scores differ by more than
     float32 rounding (a static cache sums softmax rows in another order than a
     growing one, ~1e-7 apart)."""
     torch.manual_seed(0)
-    model = build_model(arch, dictionary).eval()
+    model = build_model(arch, dictionary, **overrides).eval()
     with torch.no_grad():
         model.decoder.output_projection.weight.mul_(20)
     return model

@@ -55,8 +55,12 @@ OTHER_SEARCHES = {
 }
 
 
-@pytest.mark.parametrize("arch", ["transformer_soft", "transformer_hard_dec", "transformer_cross_self",
-                                  "transformer_aan", "transformer_local", "transformer_flexible"])
+# one architecture of each family (the engine's state differs by family)
+FAMILIES = ["transformer_soft", "transformer_hard_dec", "transformer_cross_self",
+            "transformer_aan", "transformer_local", "transformer_flexible"]
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
 @pytest.mark.parametrize("search_name", sorted(OTHER_SEARCHES))
 def test_static_engine_gives_the_dynamic_hypotheses_of_other_searches(arch, search_name):
     d = make_dictionary()
@@ -66,6 +70,24 @@ def test_static_engine_gives_the_dynamic_hypotheses_of_other_searches(arch, sear
     generator_args = OTHER_SEARCHES[search_name](d)
     assert (hypotheses(model, d, src, lengths, "static", prefix, **generator_args)
             == hypotheses(model, d, src, lengths, "dynamic", prefix, **generator_args))
+
+
+def decoder_heads(model):
+    return {m.num_heads for m in model.decoder.modules() if hasattr(m, "num_heads")}
+
+
+# more decoder heads than encoder heads (the parity section's 8-head models:
+# --decoder-attention-heads 8 beside 4 encoder heads): the static caches are
+# laid out per decoder head
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_static_engine_with_more_decoder_heads_than_encoder_heads(arch):
+    d = make_dictionary()
+    model = decisive_model(arch, d, decoder_attention_heads=8)
+    assert decoder_heads(model) == {8}
+    src, lengths, _ = random_batch(d, [9, 7, 6, 4, 3], seed=2)
+    finishing = dict(beam_size=4, max_len_b=10)
+    assert (hypotheses(model, d, src, lengths, "static", **finishing)
+            == hypotheses(model, d, src, lengths, "dynamic", **finishing))
 
 
 def test_the_static_state_keeps_its_tensors_across_steps():
@@ -158,3 +180,15 @@ def test_captured_graph_gives_the_eager_hypotheses_on_a_gpu(arch):
         expected = hypotheses(model, d, src, lengths, "dynamic", **generator_args)
         for engine in ("graph", "auto"):
             assert hypotheses(model, d, src, lengths, engine, **generator_args) == expected, engine
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_captured_graph_with_more_decoder_heads_than_encoder_heads_on_a_gpu(arch):
+    d = make_dictionary()
+    model = decisive_model(arch, d, decoder_attention_heads=8).float().cuda()
+    src, lengths, _ = random_batch(d, [9, 7, 6, 4, 3], seed=2)
+    src, lengths = src.cuda(), lengths.cuda()
+    finishing = dict(beam_size=4, max_len_b=10)
+    assert (hypotheses(model, d, src, lengths, "graph", **finishing)
+            == hypotheses(model, d, src, lengths, "dynamic", **finishing))
