@@ -332,6 +332,8 @@ SOFT_PRE_DROP01_H8 = replace(SOFT_PRE_DROP01, name="soft_pre_drop01_h8",
                              flags="--dropout 0.1 --decoder-attention-heads 8",
                              what="soft_pre with dropout 0.1 and 8 decoder heads "
                                   "(hard_pre_argmax_drop01_h8's soft counterpart)")
+HARD_PRE_ARGMAX_DROP01_H8_S2 = reseeded(HARD_PRE_ARGMAX_DROP01_H8, 2)
+SOFT_PRE_DROP01_H8_S2 = reseeded(SOFT_PRE_DROP01_H8, 2)
 # cross+self with the parity recipe's pre-norm layers (target: within 0.3 of soft_pre)
 CROSS_SELF_PRE = Run("cross_self_pre", "transformer_cross_self_small",
                      "--encoder-normalize-before --decoder-normalize-before",
@@ -395,8 +397,8 @@ PARITY_RUNS = (
     reseeded(SOFT_PRE_DROP01, 2),
     HARD_PRE_ARGMAX_DROP01_H8,
     SOFT_PRE_DROP01_H8,
-    reseeded(HARD_PRE_ARGMAX_DROP01_H8, 2),
-    reseeded(SOFT_PRE_DROP01_H8, 2),
+    HARD_PRE_ARGMAX_DROP01_H8_S2,
+    SOFT_PRE_DROP01_H8_S2,
     CROSS_SELF_PRE,
     reseeded(CROSS_SELF_PRE, 2),
     HARD_PRE_ARGMAX_DROP02_ENTROPY,
@@ -450,7 +452,7 @@ PARITY_PAIRS = (("hard", "soft"), ("hard_pre", "soft_pre"), ("hard_pre_argmax", 
                 *((run.name, "soft_pre_drop01_more") for run in HARD_DROP01_MORE),
                 ("hard_pre_argmax_drop01_s2", "soft_pre_drop01_s2"),
                 (HARD_PRE_ARGMAX_DROP01_H8.name, SOFT_PRE_DROP01_H8.name),
-                (f"{HARD_PRE_ARGMAX_DROP01_H8.name}_s2", f"{SOFT_PRE_DROP01_H8.name}_s2"),
+                (HARD_PRE_ARGMAX_DROP01_H8_S2.name, SOFT_PRE_DROP01_H8_S2.name),
                 (HARD_PRE_ARGMAX_DROP01_H8.name, SOFT_PRE_DROP01.name),
                 ("hard_pre_argmax_seqkd", "soft_pre_seqkd"), ("hard_pre_argmax_seqkd", "soft_pre"),
                 ("hard_pre_argmax_from_soft_seqkd", "soft_pre_more_seqkd"),
