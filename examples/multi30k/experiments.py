@@ -91,6 +91,24 @@ HARD_PRE_ARGMAX = Run("hard_pre_argmax", "transformer_hard_dec_prenorm_small", "
                       "hard retrieval attention (decoder self- and cross-), the parity recipe: "
                       "pre-norm layers, straight-through argmax in training")
 
+# the parity recipe at dropout 0.1: at 0.2 (HARD_PRE_ARGMAX_DROP02) hard retrieval
+# gained more than soft on both seeds
+HARD_PRE_ARGMAX_DROP01 = replace(HARD_PRE_ARGMAX, name="hard_pre_argmax_drop01", flags="--dropout 0.1",
+                                 what="the parity recipe with dropout 0.1 (the recipe: 0.3)")
+SOFT_PRE_DROP01 = replace(SOFT_PRE, name="soft_pre_drop01", flags="--dropout 0.1",
+                          what="soft_pre with dropout 0.1 (hard_pre_argmax_drop01's soft counterpart)")
+# heads with the best recipe: 8 decoder heads retrieve twice the tokens per
+# layer (at Base dims, 8 heads of 64, hard's validation loss matched soft's)
+HARD_PRE_ARGMAX_DROP01_H8 = replace(HARD_PRE_ARGMAX_DROP01, name="hard_pre_argmax_drop01_h8",
+                                    flags="--dropout 0.1 --decoder-attention-heads 8",
+                                    what="the parity recipe with dropout 0.1 and 8 decoder heads (of 16 dims)")
+SOFT_PRE_DROP01_H8 = replace(SOFT_PRE_DROP01, name="soft_pre_drop01_h8",
+                             flags="--dropout 0.1 --decoder-attention-heads 8",
+                             what="soft_pre with dropout 0.1 and 8 decoder heads "
+                                  "(hard_pre_argmax_drop01_h8's soft counterpart)")
+HARD_PRE_ARGMAX_DROP01_H8_S2 = reseeded(HARD_PRE_ARGMAX_DROP01_H8, 2)
+SOFT_PRE_DROP01_H8_S2 = reseeded(SOFT_PRE_DROP01_H8, 2)
+
 RUNS = (
     Run("soft", "transformer_soft_small", "", "soft baseline: fairseq's Transformer, small preset"),
     Run("hard", "transformer_hard_dec_small", "",
@@ -176,28 +194,35 @@ GENTLE_CONVERSION = replace(
 GENTLE_CONTROL = replace(SOFT_PRE_MORE, name="soft_pre_more_lr3e4", lr=3e-4,
                          what="soft_pre_more at a peak lr of 3e-4 (hard_pre_argmax_from_soft_lr3e4's control)")
 
-def hard_epochs_at_dropout01(name: str, start: str, what: str, penalised: bool = False) -> FineTune:
-    """5 hard epochs (the conversion's schedule) from a dropout-0.1 run at its
-    own dropout, with the entropy penalty (ENTROPY_WEIGHT) or without it."""
+def hard_epochs_at_dropout01(name: str, start: Run, what: str, penalised: bool = False) -> FineTune:
+    """5 hard epochs (the conversion's schedule) from a dropout-0.1 run with its
+    own options (dropout, heads), with the entropy penalty (ENTROPY_WEIGHT) or without it."""
     penalty = " " + ENTROPY_PENALTY if penalised else ""
-    return replace(HARD_PRE_ARGMAX_FROM_SOFT, name=name, start=start, flags="--dropout 0.1" + penalty,
+    return replace(HARD_PRE_ARGMAX_FROM_SOFT, name=name, start=start.name, flags=start.flags + penalty,
                    what=what + (f", with the entropy penalty {ENTROPY_WEIGHT:g}" if penalised else ""))
 
 
 # the conversion of the dropout-0.1 soft model, plain and with the entropy
 # penalty that sharpens the converted heads
 DROP01_CONVERSIONS = (
-    hard_epochs_at_dropout01("hard_pre_argmax_from_soft_drop01", "soft_pre_drop01",
+    hard_epochs_at_dropout01("hard_pre_argmax_from_soft_drop01", SOFT_PRE_DROP01,
                              "soft_pre_drop01 converted as hard_pre_argmax_from_soft"),
-    hard_epochs_at_dropout01("hard_pre_argmax_from_soft_drop01_entropy0003", "soft_pre_drop01",
+    hard_epochs_at_dropout01("hard_pre_argmax_from_soft_drop01_entropy0003", SOFT_PRE_DROP01,
                              "soft_pre_drop01 converted as hard_pre_argmax_from_soft", penalised=True),
-    replace(SOFT_PRE_MORE, name="soft_pre_drop01_more", start="soft_pre_drop01", flags="--dropout 0.1",
+    replace(SOFT_PRE_MORE, name="soft_pre_drop01_more", start=SOFT_PRE_DROP01.name, flags=SOFT_PRE_DROP01.flags,
             what="soft_pre_drop01, 5 more soft epochs (the control of its conversions)"),
 )
+# the same conversion of the 8-head soft model (whose hard twin loses least
+# when decoded soft), with its own control
+H8_CONVERSION = hard_epochs_at_dropout01("hard_pre_argmax_from_soft_drop01_h8", SOFT_PRE_DROP01_H8,
+                                         "soft_pre_drop01_h8 converted as hard_pre_argmax_from_soft")
+H8_CONTROL = replace(SOFT_PRE_MORE, name="soft_pre_drop01_h8_more", start=SOFT_PRE_DROP01_H8.name,
+                     flags=SOFT_PRE_DROP01_H8.flags,
+                     what="soft_pre_drop01_h8, 5 more soft epochs (the control of its conversion)")
 # the penalty on a trained hard model: its heads sharpened late, not from the
 # start; against the same 5 epochs without it
 HARD_DROP01_MORE = tuple(
-    hard_epochs_at_dropout01(f"hard_pre_argmax_drop01_{suffix}", "hard_pre_argmax_drop01",
+    hard_epochs_at_dropout01(f"hard_pre_argmax_drop01_{suffix}", HARD_PRE_ARGMAX_DROP01,
                              "hard_pre_argmax_drop01, 5 more hard epochs", penalised)
     for suffix, penalised in (("more", False), ("sharpened", True)))
 
@@ -249,6 +274,8 @@ FINETUNES = (
     GENTLE_CONTROL,
     *DROP01_CONVERSIONS,
     *HARD_DROP01_MORE,
+    H8_CONVERSION,
+    H8_CONTROL,
     # the conversion and its control on soft_pre's own translations (sequence-level distillation)
     replace(HARD_PRE_ARGMAX_FROM_SOFT, name="hard_pre_argmax_from_soft_seqkd", corpus="soft_pre",
             what="hard_pre_argmax_from_soft on soft_pre's translations of the training set"),
@@ -318,26 +345,15 @@ HARD_PRE_ARGMAX_DROP02 = replace(HARD_PRE_ARGMAX, name="hard_pre_argmax_drop02",
                                  what="the parity recipe with dropout 0.2 (the recipe: 0.3)")
 SOFT_PRE_DROP02 = replace(SOFT_PRE, name="soft_pre_drop02", flags="--dropout 0.2",
                           what="soft_pre with dropout 0.2 (hard_pre_argmax_drop02's soft counterpart)")
-# less dropout still: at 0.2 hard retrieval gained more than soft on both seeds
-HARD_PRE_ARGMAX_DROP01 = replace(HARD_PRE_ARGMAX, name="hard_pre_argmax_drop01", flags="--dropout 0.1",
-                                 what="the parity recipe with dropout 0.1 (the recipe: 0.3)")
-SOFT_PRE_DROP01 = replace(SOFT_PRE, name="soft_pre_drop01", flags="--dropout 0.1",
-                          what="soft_pre with dropout 0.1 (hard_pre_argmax_drop01's soft counterpart)")
-# heads with the best recipe: 8 decoder heads retrieve twice the tokens per
-# layer (at Base dims, 8 heads of 64, hard's validation loss matched soft's)
-HARD_PRE_ARGMAX_DROP01_H8 = replace(HARD_PRE_ARGMAX_DROP01, name="hard_pre_argmax_drop01_h8",
-                                    flags="--dropout 0.1 --decoder-attention-heads 8",
-                                    what="the parity recipe with dropout 0.1 and 8 decoder heads (of 16 dims)")
-SOFT_PRE_DROP01_H8 = replace(SOFT_PRE_DROP01, name="soft_pre_drop01_h8",
-                             flags="--dropout 0.1 --decoder-attention-heads 8",
-                             what="soft_pre with dropout 0.1 and 8 decoder heads "
-                                  "(hard_pre_argmax_drop01_h8's soft counterpart)")
-HARD_PRE_ARGMAX_DROP01_H8_S2 = reseeded(HARD_PRE_ARGMAX_DROP01_H8, 2)
-SOFT_PRE_DROP01_H8_S2 = reseeded(SOFT_PRE_DROP01_H8, 2)
 # cross+self with the parity recipe's pre-norm layers (target: within 0.3 of soft_pre)
 CROSS_SELF_PRE = Run("cross_self_pre", "transformer_cross_self_small",
                      "--encoder-normalize-before --decoder-normalize-before",
                      "cross+self attention with pre-norm layers (soft counterpart: soft_pre)")
+# and at dropout 0.1: with its fewer parameters, cross+self may need less regularisation
+CROSS_SELF_PRE_DROP01 = replace(CROSS_SELF_PRE, name="cross_self_pre_drop01",
+                                flags=f"{CROSS_SELF_PRE.flags} {SOFT_PRE_DROP01.flags}",
+                                what="cross+self attention with pre-norm layers and dropout 0.1 "
+                                     "(soft counterpart: soft_pre_drop01)")
 # the hard-trained heads keep only ~0.6 of their softmax mass on the key they
 # retrieve (teacher-forced, validation): the straight-through gradient assumes
 # P·V where the forward takes V[argmax]. An entropy penalty sharpens P
@@ -401,6 +417,7 @@ PARITY_RUNS = (
     SOFT_PRE_DROP01_H8_S2,
     CROSS_SELF_PRE,
     reseeded(CROSS_SELF_PRE, 2),
+    CROSS_SELF_PRE_DROP01,
     HARD_PRE_ARGMAX_DROP02_ENTROPY,
     HARD_PRE_ARGMAX_D256,
     SOFT_PRE_D256,
@@ -454,12 +471,14 @@ PARITY_PAIRS = (("hard", "soft"), ("hard_pre", "soft_pre"), ("hard_pre_argmax", 
                 (HARD_PRE_ARGMAX_DROP01_H8.name, SOFT_PRE_DROP01_H8.name),
                 (HARD_PRE_ARGMAX_DROP01_H8_S2.name, SOFT_PRE_DROP01_H8_S2.name),
                 (HARD_PRE_ARGMAX_DROP01_H8.name, SOFT_PRE_DROP01.name),
+                (H8_CONVERSION.name, H8_CONTROL.name), (H8_CONVERSION.name, SOFT_PRE_DROP01_H8.name),
                 ("hard_pre_argmax_seqkd", "soft_pre_seqkd"), ("hard_pre_argmax_seqkd", "soft_pre"),
                 ("hard_pre_argmax_from_soft_seqkd", "soft_pre_more_seqkd"),
                 ("hard_pre_argmax_from_soft_seqkd", "soft_pre"),
                 # cross+self against soft (the parity target with its fewer parameters)
                 ("cross_self", "soft"), ("cross_self_pre", "soft_pre"),
-                ("cross_self_pre_s2", "soft_pre_s2"))
+                ("cross_self_pre_s2", "soft_pre_s2"),
+                (CROSS_SELF_PRE_DROP01.name, SOFT_PRE_DROP01.name))
 
 # rows of the main table after the runs: fine-tunings and Table-4 switches, in this order
 TABLE_EXTRA_ROWS = ("fairseq", "hard_pre_argmax_from_soft", "hard_pre_argmax_from_soft_kd",
