@@ -301,7 +301,8 @@ def searched_with(run: str, beam: int, lenpen: float) -> Decode:
 # 18): each (hard, soft) pair decoded over the grid, the recipe's own setting
 # (beam 4, fairseq's length penalty 1) first
 SEARCH_PAIRS = (("hard_pre_argmax_drop01", "soft_pre_drop01"), ("hard_pre_argmax_drop01_s2", "soft_pre_drop01_s2"),
-                ("hard_pre_argmax_drop01_h8", "soft_pre_drop01_h8"))
+                ("hard_pre_argmax_drop01_h8", "soft_pre_drop01_h8"),
+                (HARD_PRE_ARGMAX_DROP01_H8_S2.name, SOFT_PRE_DROP01_H8_S2.name))
 SEARCH_GRID = tuple((beam, lenpen) for beam in (4, 8) for lenpen in (1.0, 0.6, 1.5, 2.0))
 SEARCHES = tuple(searched_with(run, beam, lenpen)
                  for pair in SEARCH_PAIRS for run in pair for beam, lenpen in SEARCH_GRID)
@@ -314,9 +315,10 @@ DECODES = (
            "the soft checkpoint decoded by fairseq's own transformer (the peer)"),
     # the paper's Table 4: a model decoded with the other attention kind
     *(decoded_with(run, "hard") for run in ("soft", "soft_pre", "soft_pre_drop01", "soft_pre_drop01_s2",
-                                            "soft_pre_drop01_h8")),
+                                            "soft_pre_drop01_h8", SOFT_PRE_DROP01_H8_S2.name)),
     *(decoded_with(run, "soft") for run in ("hard", "hard_pre", "hard_pre_argmax", "hard_pre_argmax_drop01",
                                             "hard_pre_argmax_drop01_s2", "hard_pre_argmax_drop01_h8",
+                                            HARD_PRE_ARGMAX_DROP01_H8_S2.name, H8_CONVERSION.name,
                                             "hard_pre_argmax_from_soft_drop01",
                                             "hard_pre_argmax_from_soft_drop01_entropy0003",
                                             "hard_pre_argmax_drop02_entropy0003")),
