@@ -356,6 +356,12 @@ CROSS_SELF_PRE_DROP01 = replace(CROSS_SELF_PRE, name="cross_self_pre_drop01",
                                 flags=f"{CROSS_SELF_PRE.flags} {SOFT_PRE_DROP01.flags}",
                                 what="cross+self attention with pre-norm layers and dropout 0.1 "
                                      "(soft counterpart: soft_pre_drop01)")
+CROSS_SELF_PRE_DROP01_S2 = reseeded(CROSS_SELF_PRE_DROP01, 2)
+# and at dropout 0.2, the soft recipe best on validation (soft_pre_drop02)
+CROSS_SELF_PRE_DROP02 = replace(CROSS_SELF_PRE, name="cross_self_pre_drop02",
+                                flags=f"{CROSS_SELF_PRE.flags} {SOFT_PRE_DROP02.flags}",
+                                what="cross+self attention with pre-norm layers and dropout 0.2 "
+                                     "(soft counterpart: soft_pre_drop02)")
 # the hard-trained heads keep only ~0.6 of their softmax mass on the key they
 # retrieve (teacher-forced, validation): the straight-through gradient assumes
 # P·V where the forward takes V[argmax]. An entropy penalty sharpens P
@@ -420,6 +426,8 @@ PARITY_RUNS = (
     CROSS_SELF_PRE,
     reseeded(CROSS_SELF_PRE, 2),
     CROSS_SELF_PRE_DROP01,
+    CROSS_SELF_PRE_DROP01_S2,
+    CROSS_SELF_PRE_DROP02,
     HARD_PRE_ARGMAX_DROP02_ENTROPY,
     HARD_PRE_ARGMAX_D256,
     SOFT_PRE_D256,
@@ -480,7 +488,10 @@ PARITY_PAIRS = (("hard", "soft"), ("hard_pre", "soft_pre"), ("hard_pre_argmax", 
                 # cross+self against soft (the parity target with its fewer parameters)
                 ("cross_self", "soft"), ("cross_self_pre", "soft_pre"),
                 ("cross_self_pre_s2", "soft_pre_s2"),
-                (CROSS_SELF_PRE_DROP01.name, SOFT_PRE_DROP01.name))
+                (CROSS_SELF_PRE_DROP01.name, SOFT_PRE_DROP01.name),
+                (CROSS_SELF_PRE_DROP01.name, SOFT_PRE.name),
+                (CROSS_SELF_PRE_DROP01_S2.name, "soft_pre_drop01_s2"),
+                (CROSS_SELF_PRE_DROP02.name, SOFT_PRE_DROP02.name))
 
 # rows of the main table after the runs: fine-tunings and Table-4 switches, in this order
 TABLE_EXTRA_ROWS = ("fairseq", "hard_pre_argmax_from_soft", "hard_pre_argmax_from_soft_kd",
