@@ -28,15 +28,23 @@ def hypotheses(model, d, src, lengths, engine, prefix_tokens=None, **generator_a
     return [[(h["tokens"].tolist(), round(float(h["score"]), 3)) for h in hyps] for hyps in found]
 
 
+# natural endings: sentences finish at different steps and leave the batch
+FINISHING = dict(beam_size=4, max_len_b=10)
+
+
+def five_sentences(d):
+    """The batch the search tests decode: five sources of different lengths."""
+    src, lengths, _ = random_batch(d, [9, 7, 6, 4, 3], seed=2)
+    return src, lengths
+
+
 @pytest.mark.parametrize("arch", TRANSFORMER_ARCHS)
 def test_static_engine_gives_the_dynamic_hypotheses(arch):
     d = make_dictionary()
     model = decisive_model(arch, d)
-    src, lengths, _ = random_batch(d, [9, 7, 6, 4, 3], seed=2)
-    # natural endings: sentences finish at different steps and leave the batch
-    finishing = dict(beam_size=4, max_len_b=10)
-    assert (hypotheses(model, d, src, lengths, "static", **finishing)
-            == hypotheses(model, d, src, lengths, "dynamic", **finishing))
+    src, lengths = five_sentences(d)
+    assert (hypotheses(model, d, src, lengths, "static", **FINISHING)
+            == hypotheses(model, d, src, lengths, "dynamic", **FINISHING))
     # 24 steps: the caches outgrow their first capacity (16) once
     long = dict(beam_size=3, min_len=24, max_len_a=0, max_len_b=24)
     assert (hypotheses(model, d, src, lengths, "static", **long)
@@ -65,7 +73,7 @@ FAMILIES = ["transformer_soft", "transformer_hard_dec", "transformer_cross_self"
 def test_static_engine_gives_the_dynamic_hypotheses_of_other_searches(arch, search_name):
     d = make_dictionary()
     model = decisive_model(arch, d)
-    src, lengths, _ = random_batch(d, [9, 7, 6, 4, 3], seed=2)
+    src, lengths = five_sentences(d)
     prefix = src[:, -3:-1] if search_name == "prefix" else None  # two tokens forced per sentence
     generator_args = OTHER_SEARCHES[search_name](d)
     assert (hypotheses(model, d, src, lengths, "static", prefix, **generator_args)
@@ -84,10 +92,9 @@ def test_static_engine_with_more_decoder_heads_than_encoder_heads(arch):
     d = make_dictionary()
     model = decisive_model(arch, d, decoder_attention_heads=8)
     assert decoder_heads(model) == {8}
-    src, lengths, _ = random_batch(d, [9, 7, 6, 4, 3], seed=2)
-    finishing = dict(beam_size=4, max_len_b=10)
-    assert (hypotheses(model, d, src, lengths, "static", **finishing)
-            == hypotheses(model, d, src, lengths, "dynamic", **finishing))
+    src, lengths = five_sentences(d)
+    assert (hypotheses(model, d, src, lengths, "static", **FINISHING)
+            == hypotheses(model, d, src, lengths, "dynamic", **FINISHING))
 
 
 def test_the_static_state_keeps_its_tensors_across_steps():
@@ -171,12 +178,11 @@ def test_the_default_engine_is_fairseqs_way_on_a_cpu():
 def test_captured_graph_gives_the_eager_hypotheses_on_a_gpu(arch):
     d = make_dictionary()
     model = decisive_model(arch, d).float().cuda()
-    src, lengths, _ = random_batch(d, [9, 7, 6, 4, 3], seed=2)
+    src, lengths = five_sentences(d)
     src, lengths = src.cuda(), lengths.cuda()
     assert decoding_engine.resolved("auto", src) == "graph"  # the default on CUDA
     fixed = dict(beam_size=4, min_len=20, max_len_a=0, max_len_b=20)  # outgrows the first capacity
-    finishing = dict(beam_size=4, max_len_b=10)  # sentences leave the batch
-    for generator_args in (fixed, finishing):
+    for generator_args in (fixed, FINISHING):
         expected = hypotheses(model, d, src, lengths, "dynamic", **generator_args)
         for engine in ("graph", "auto"):
             assert hypotheses(model, d, src, lengths, engine, **generator_args) == expected, engine
@@ -187,8 +193,7 @@ def test_captured_graph_gives_the_eager_hypotheses_on_a_gpu(arch):
 def test_captured_graph_with_more_decoder_heads_than_encoder_heads_on_a_gpu(arch):
     d = make_dictionary()
     model = decisive_model(arch, d, decoder_attention_heads=8).float().cuda()
-    src, lengths, _ = random_batch(d, [9, 7, 6, 4, 3], seed=2)
+    src, lengths = five_sentences(d)
     src, lengths = src.cuda(), lengths.cuda()
-    finishing = dict(beam_size=4, max_len_b=10)
-    assert (hypotheses(model, d, src, lengths, "graph", **finishing)
-            == hypotheses(model, d, src, lengths, "dynamic", **finishing))
+    assert (hypotheses(model, d, src, lengths, "graph", **FINISHING)
+            == hypotheses(model, d, src, lengths, "dynamic", **FINISHING))
