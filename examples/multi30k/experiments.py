@@ -99,11 +99,12 @@ SOFT_PRE_DROP01 = replace(SOFT_PRE, name="soft_pre_drop01", flags="--dropout 0.1
                           what="soft_pre with dropout 0.1 (hard_pre_argmax_drop01's soft counterpart)")
 # heads with the best recipe: 8 decoder heads retrieve twice the tokens per
 # layer (at Base dims, 8 heads of 64, hard's validation loss matched soft's)
+EIGHT_DECODER_HEADS = "--decoder-attention-heads 8"
 HARD_PRE_ARGMAX_DROP01_H8 = replace(HARD_PRE_ARGMAX_DROP01, name="hard_pre_argmax_drop01_h8",
-                                    flags="--dropout 0.1 --decoder-attention-heads 8",
+                                    flags=f"{HARD_PRE_ARGMAX_DROP01.flags} {EIGHT_DECODER_HEADS}",
                                     what="the parity recipe with dropout 0.1 and 8 decoder heads (of 16 dims)")
 SOFT_PRE_DROP01_H8 = replace(SOFT_PRE_DROP01, name="soft_pre_drop01_h8",
-                             flags="--dropout 0.1 --decoder-attention-heads 8",
+                             flags=f"{SOFT_PRE_DROP01.flags} {EIGHT_DECODER_HEADS}",
                              what="soft_pre with dropout 0.1 and 8 decoder heads "
                                   "(hard_pre_argmax_drop01_h8's soft counterpart)")
 HARD_PRE_ARGMAX_DROP01_H8_S2 = reseeded(HARD_PRE_ARGMAX_DROP01_H8, 2)
@@ -202,6 +203,11 @@ def hard_epochs_at_dropout01(name: str, start: Run, what: str, penalised: bool =
                    what=what + (f", with the entropy penalty {ENTROPY_WEIGHT:g}" if penalised else ""))
 
 
+def soft_epochs_from(name: str, start: Run, what: str) -> FineTune:
+    """The control of a conversion of ``start``: the same 5 epochs, soft, with its own options."""
+    return replace(SOFT_PRE_MORE, name=name, start=start.name, flags=start.flags, what=what)
+
+
 # the conversion of the dropout-0.1 soft model, plain and with the entropy
 # penalty that sharpens the converted heads
 DROP01_CONVERSIONS = (
@@ -209,16 +215,15 @@ DROP01_CONVERSIONS = (
                              "soft_pre_drop01 converted as hard_pre_argmax_from_soft"),
     hard_epochs_at_dropout01("hard_pre_argmax_from_soft_drop01_entropy0003", SOFT_PRE_DROP01,
                              "soft_pre_drop01 converted as hard_pre_argmax_from_soft", penalised=True),
-    replace(SOFT_PRE_MORE, name="soft_pre_drop01_more", start=SOFT_PRE_DROP01.name, flags=SOFT_PRE_DROP01.flags,
-            what="soft_pre_drop01, 5 more soft epochs (the control of its conversions)"),
+    soft_epochs_from("soft_pre_drop01_more", SOFT_PRE_DROP01,
+                     "soft_pre_drop01, 5 more soft epochs (the control of its conversions)"),
 )
 # the same conversion of the 8-head soft model (whose hard twin loses least
 # when decoded soft), with its own control
 H8_CONVERSION = hard_epochs_at_dropout01("hard_pre_argmax_from_soft_drop01_h8", SOFT_PRE_DROP01_H8,
                                          "soft_pre_drop01_h8 converted as hard_pre_argmax_from_soft")
-H8_CONTROL = replace(SOFT_PRE_MORE, name="soft_pre_drop01_h8_more", start=SOFT_PRE_DROP01_H8.name,
-                     flags=SOFT_PRE_DROP01_H8.flags,
-                     what="soft_pre_drop01_h8, 5 more soft epochs (the control of its conversion)")
+H8_CONTROL = soft_epochs_from("soft_pre_drop01_h8_more", SOFT_PRE_DROP01_H8,
+                              "soft_pre_drop01_h8, 5 more soft epochs (the control of its conversion)")
 # the penalty on a trained hard model: its heads sharpened late, not from the
 # start; against the same 5 epochs without it
 HARD_DROP01_MORE = tuple(
