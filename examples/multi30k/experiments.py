@@ -112,12 +112,13 @@ SOFT_PRE_DROP01_H8_S2 = reseeded(SOFT_PRE_DROP01_H8, 2)
 # the soft-to-hard curriculum, the from-scratch change that helped most at
 # dropout 0.3 (hard_pre_anneal over hard_pre: +0.28 valid / +0.57 test2016), on
 # the recipe closest to parity; the soft counterparts are the runs above
-CURRICULUM = "--hard-anneal-updates 1500"
+CURRICULUM_UPDATES = 1500
+CURRICULUM = f"--hard-anneal-updates {CURRICULUM_UPDATES}"
 HARD_PRE_ARGMAX_DROP01_H8_ANNEAL = replace(
     HARD_PRE_ARGMAX_DROP01_H8, name="hard_pre_argmax_drop01_h8_anneal",
     flags=f"{HARD_PRE_ARGMAX_DROP01_H8.flags} {CURRICULUM}",
     what="the parity recipe with dropout 0.1, 8 decoder heads and the soft-to-hard curriculum "
-         "over the first 1500 updates (~half)")
+         f"over the first {CURRICULUM_UPDATES} updates (~half)")
 HARD_PRE_ARGMAX_DROP01_H8_ANNEAL_S2 = reseeded(HARD_PRE_ARGMAX_DROP01_H8_ANNEAL, 2)
 
 RUNS = (
@@ -411,7 +412,7 @@ PARITY_RUNS = (
         "hard, pre-norm, keys sampled in training (the paper's)"),
     Run("hard_pre_anneal", "transformer_hard_dec_prenorm_small",
         f"--hard-train-retrieval sample {CURRICULUM}",
-        "hard, pre-norm, soft-to-hard curriculum over the first 1500 updates (~half)"),
+        f"hard, pre-norm, soft-to-hard curriculum over the first {CURRICULUM_UPDATES} updates (~half)"),
     HARD_PRE_COOL,
     reseeded(HARD_PRE_COOL, 2),
     Run("hard_pre_h8", "transformer_hard_dec_prenorm_small",
