@@ -124,6 +124,10 @@ HARD_PRE_ARGMAX_DROP01_H8_ANNEAL_S2 = reseeded(HARD_PRE_ARGMAX_DROP01_H8_ANNEAL,
 # parity target only in their mean
 HARD_PRE_ARGMAX_DROP01_H8_ANNEAL_S3 = reseeded(HARD_PRE_ARGMAX_DROP01_H8_ANNEAL, 3)
 SOFT_PRE_DROP01_H8_S3 = reseeded(SOFT_PRE_DROP01_H8, 3)
+# the curriculum's three seeds, each with the soft run of its seed
+CURRICULUM_PAIRS = ((HARD_PRE_ARGMAX_DROP01_H8_ANNEAL, SOFT_PRE_DROP01_H8),
+                    (HARD_PRE_ARGMAX_DROP01_H8_ANNEAL_S2, SOFT_PRE_DROP01_H8_S2),
+                    (HARD_PRE_ARGMAX_DROP01_H8_ANNEAL_S3, SOFT_PRE_DROP01_H8_S3))
 
 RUNS = (
     Run("soft", "transformer_soft_small", "", "soft baseline: fairseq's Transformer, small preset"),
@@ -320,10 +324,6 @@ def searched_with(run: str, beam: int, lenpen: float) -> Decode:
 # beam search's settings chosen on validation for hard and soft alike (issue
 # 18): each (hard, soft) pair decoded over the grid, the recipe's own setting
 # (beam 4, fairseq's length penalty 1) first
-# the curriculum's three seeds, each with the soft run of its seed
-CURRICULUM_PAIRS = ((HARD_PRE_ARGMAX_DROP01_H8_ANNEAL, SOFT_PRE_DROP01_H8),
-                    (HARD_PRE_ARGMAX_DROP01_H8_ANNEAL_S2, SOFT_PRE_DROP01_H8_S2),
-                    (HARD_PRE_ARGMAX_DROP01_H8_ANNEAL_S3, SOFT_PRE_DROP01_H8_S3))
 SEARCH_PAIRS = (("hard_pre_argmax_drop01", "soft_pre_drop01"), ("hard_pre_argmax_drop01_s2", "soft_pre_drop01_s2"),
                 ("hard_pre_argmax_drop01_h8", "soft_pre_drop01_h8"),
                 (HARD_PRE_ARGMAX_DROP01_H8_S2.name, SOFT_PRE_DROP01_H8_S2.name),
