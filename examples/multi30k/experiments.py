@@ -111,7 +111,7 @@ HARD_PRE_ARGMAX_DROP01_H8_S2 = reseeded(HARD_PRE_ARGMAX_DROP01_H8, 2)
 SOFT_PRE_DROP01_H8_S2 = reseeded(SOFT_PRE_DROP01_H8, 2)
 # the soft-to-hard curriculum, the from-scratch change that helped most at
 # dropout 0.3 (hard_pre_anneal over hard_pre: +0.28 valid / +0.57 test2016), on
-# the recipe closest to parity; the soft counterparts are the runs above
+# the recipe closest to parity; the soft counterparts are the 8-head runs
 CURRICULUM_UPDATES = 1500
 CURRICULUM = f"--hard-anneal-updates {CURRICULUM_UPDATES}"
 HARD_PRE_ARGMAX_DROP01_H8_ANNEAL = replace(
@@ -124,10 +124,11 @@ HARD_PRE_ARGMAX_DROP01_H8_ANNEAL_S2 = reseeded(HARD_PRE_ARGMAX_DROP01_H8_ANNEAL,
 # parity target only in their mean
 HARD_PRE_ARGMAX_DROP01_H8_ANNEAL_S3 = reseeded(HARD_PRE_ARGMAX_DROP01_H8_ANNEAL, 3)
 SOFT_PRE_DROP01_H8_S3 = reseeded(SOFT_PRE_DROP01_H8, 3)
-# the curriculum's three seeds, each with the soft run of its seed
-CURRICULUM_PAIRS = ((HARD_PRE_ARGMAX_DROP01_H8_ANNEAL, SOFT_PRE_DROP01_H8),
-                    (HARD_PRE_ARGMAX_DROP01_H8_ANNEAL_S2, SOFT_PRE_DROP01_H8_S2),
-                    (HARD_PRE_ARGMAX_DROP01_H8_ANNEAL_S3, SOFT_PRE_DROP01_H8_S3))
+# the curriculum's three seeds, each with the soft run of its seed, by name
+CURRICULUM_PAIRS = tuple((hard.name, soft.name) for hard, soft in (
+    (HARD_PRE_ARGMAX_DROP01_H8_ANNEAL, SOFT_PRE_DROP01_H8),
+    (HARD_PRE_ARGMAX_DROP01_H8_ANNEAL_S2, SOFT_PRE_DROP01_H8_S2),
+    (HARD_PRE_ARGMAX_DROP01_H8_ANNEAL_S3, SOFT_PRE_DROP01_H8_S3)))
 
 RUNS = (
     Run("soft", "transformer_soft_small", "", "soft baseline: fairseq's Transformer, small preset"),
@@ -327,7 +328,7 @@ def searched_with(run: str, beam: int, lenpen: float) -> Decode:
 SEARCH_PAIRS = (("hard_pre_argmax_drop01", "soft_pre_drop01"), ("hard_pre_argmax_drop01_s2", "soft_pre_drop01_s2"),
                 ("hard_pre_argmax_drop01_h8", "soft_pre_drop01_h8"),
                 (HARD_PRE_ARGMAX_DROP01_H8_S2.name, SOFT_PRE_DROP01_H8_S2.name),
-                *((hard.name, soft.name) for hard, soft in CURRICULUM_PAIRS))
+                *CURRICULUM_PAIRS)
 SEARCH_GRID = tuple((beam, lenpen) for beam in (4, 8) for lenpen in (1.0, 0.6, 1.5, 2.0))
 # each run searched once, though a soft run may pair with several hard ones
 SEARCHES = tuple(searched_with(run, beam, lenpen)
@@ -347,7 +348,7 @@ DECODES = (
     *(decoded_with(run, "soft") for run in ("hard", "hard_pre", "hard_pre_argmax", "hard_pre_argmax_drop01",
                                             "hard_pre_argmax_drop01_s2", "hard_pre_argmax_drop01_h8",
                                             HARD_PRE_ARGMAX_DROP01_H8_S2.name, H8_CONVERSION.name,
-                                            *(hard.name for hard, _ in CURRICULUM_PAIRS),
+                                            *(hard for hard, _ in CURRICULUM_PAIRS),
                                             "hard_pre_argmax_from_soft_drop01",
                                             "hard_pre_argmax_from_soft_drop01_entropy0003",
                                             "hard_pre_argmax_drop02_entropy0003")),
@@ -514,7 +515,7 @@ PARITY_PAIRS = (("hard", "soft"), ("hard_pre", "soft_pre"), ("hard_pre_argmax", 
                 (HARD_PRE_ARGMAX_DROP01_H8.name, SOFT_PRE_DROP01_H8.name),
                 (HARD_PRE_ARGMAX_DROP01_H8_S2.name, SOFT_PRE_DROP01_H8_S2.name),
                 (HARD_PRE_ARGMAX_DROP01_H8.name, SOFT_PRE_DROP01.name),
-                *((hard.name, soft.name) for hard, soft in CURRICULUM_PAIRS),
+                *CURRICULUM_PAIRS,
                 (H8_CONVERSION.name, H8_CONTROL.name), (H8_CONVERSION.name, SOFT_PRE_DROP01_H8.name),
                 ("hard_pre_argmax_seqkd", "soft_pre_seqkd"), ("hard_pre_argmax_seqkd", "soft_pre"),
                 ("hard_pre_argmax_from_soft_seqkd", "soft_pre_more_seqkd"),
