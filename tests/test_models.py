@@ -73,6 +73,30 @@ def test_prenorm_presets_differ_from_theirs_only_in_the_parity_recipe(prenorm, p
     assert explicit.decoder_normalize_before is False and explicit.encoder_normalize_before
 
 
+@pytest.mark.parametrize("preset, parity_preset, recipe", [
+    ("transformer_hard_dec_anneal_small", "transformer_hard_dec_prenorm_small",
+     dict(decoder_attention_heads=8, hard_anneal_updates=1500)),
+    ("transformer_soft_prenorm_h8_small", "transformer_soft_prenorm_small", dict(decoder_attention_heads=8)),
+])
+def test_curriculum_presets_are_the_parity_presets_with_their_recipe(preset, parity_preset, recipe):
+    """The curriculum's presets are the models examples/multi30k trained as
+    the parity presets with these options (8 decoder heads; hard: the
+    soft-to-hard curriculum over 1500 updates); an explicit option still wins."""
+    named, spelled_out = argparse.Namespace(), argparse.Namespace(**recipe)
+    ARCH_CONFIG_REGISTRY[preset](named)
+    ARCH_CONFIG_REGISTRY[parity_preset](spelled_out)
+    assert vars(named) == vars(spelled_out)
+    model = build_model(preset, decoder_attention_heads=None)  # the preset's, not the tiny dims'
+    assert model.decoder.layers[0].self_attn.num_heads == 8
+    assert model.encoder.layers[0].self_attn.num_heads == 4
+    hard = [m for m in model.modules() if isinstance(m, HardRetrievalAttention)]
+    assert all(m.anneal_updates == 1500 and m.train_retrieval == "argmax" for m in hard)
+    assert len(hard) == (2 * model.decoder.num_layers if "hard" in preset else 0)
+    explicit = argparse.Namespace(decoder_attention_heads=4, hard_anneal_updates=0)
+    ARCH_CONFIG_REGISTRY[preset](explicit)
+    assert explicit.decoder_attention_heads == 4 and explicit.hard_anneal_updates == 0
+
+
 @pytest.mark.parametrize(
     "arch, kinds",
     [

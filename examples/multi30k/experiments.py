@@ -103,22 +103,24 @@ EIGHT_DECODER_HEADS = "--decoder-attention-heads 8"
 HARD_PRE_ARGMAX_DROP01_H8 = replace(HARD_PRE_ARGMAX_DROP01, name="hard_pre_argmax_drop01_h8",
                                     flags=f"{HARD_PRE_ARGMAX_DROP01.flags} {EIGHT_DECODER_HEADS}",
                                     what="the parity recipe with dropout 0.1 and 8 decoder heads (of 16 dims)")
-SOFT_PRE_DROP01_H8 = replace(SOFT_PRE_DROP01, name="soft_pre_drop01_h8",
-                             flags=f"{SOFT_PRE_DROP01.flags} {EIGHT_DECODER_HEADS}",
-                             what="soft_pre with dropout 0.1 and 8 decoder heads "
-                                  "(hard_pre_argmax_drop01_h8's soft counterpart)")
+# the soft counterpart's preset: transformer_soft_prenorm_small with 8 decoder
+# heads (the same model: tests/test_models.py)
+SOFT_PRE_DROP01_H8 = Run("soft_pre_drop01_h8", "transformer_soft_prenorm_h8_small", SOFT_PRE_DROP01.flags,
+                         "soft_pre with dropout 0.1 and 8 decoder heads (the soft counterpart of "
+                         "hard_pre_argmax_drop01_h8 and of the curriculum)")
 HARD_PRE_ARGMAX_DROP01_H8_S2 = reseeded(HARD_PRE_ARGMAX_DROP01_H8, 2)
 SOFT_PRE_DROP01_H8_S2 = reseeded(SOFT_PRE_DROP01_H8, 2)
 # the soft-to-hard curriculum, the from-scratch change that helped most at
 # dropout 0.3 (hard_pre_anneal over hard_pre: +0.28 valid / +0.57 test2016), on
-# the recipe closest to parity; the soft counterparts are the 8-head runs
+# the recipe closest to parity; the soft counterparts are the 8-head runs. Its
+# preset is hard_pre_argmax_drop01_h8's with the curriculum over the first
+# 1500 updates (the same model: tests/test_models.py)
 CURRICULUM_UPDATES = 1500
 CURRICULUM = f"--hard-anneal-updates {CURRICULUM_UPDATES}"
-HARD_PRE_ARGMAX_DROP01_H8_ANNEAL = replace(
-    HARD_PRE_ARGMAX_DROP01_H8, name="hard_pre_argmax_drop01_h8_anneal",
-    flags=f"{HARD_PRE_ARGMAX_DROP01_H8.flags} {CURRICULUM}",
-    what="the parity recipe with dropout 0.1, 8 decoder heads and the soft-to-hard curriculum "
-         f"over the first {CURRICULUM_UPDATES} updates (~half)")
+HARD_PRE_ARGMAX_DROP01_H8_ANNEAL = Run(
+    "hard_pre_argmax_drop01_h8_anneal", "transformer_hard_dec_anneal_small", HARD_PRE_ARGMAX_DROP01.flags,
+    "the parity recipe with dropout 0.1, 8 decoder heads and the soft-to-hard curriculum "
+    f"over the first {CURRICULUM_UPDATES} updates (~half): the nearest to soft")
 HARD_PRE_ARGMAX_DROP01_H8_ANNEAL_S2 = reseeded(HARD_PRE_ARGMAX_DROP01_H8_ANNEAL, 2)
 # a third seed of the curriculum and its soft counterpart: two seeds met the
 # parity target only in their mean
@@ -136,6 +138,8 @@ RUNS = (
         "hard retrieval attention in decoder self- and cross-attention"),
     SOFT_PRE,
     HARD_PRE_ARGMAX,
+    SOFT_PRE_DROP01_H8,
+    HARD_PRE_ARGMAX_DROP01_H8_ANNEAL,
     Run("cross_self", "transformer_cross_self_small", "",
         "cross+self attention over [final encoder; decoder] states"),
     Run("cross_self_layerwise", "transformer_cross_self_layerwise_small", "",
@@ -224,8 +228,8 @@ def hard_epochs_at_dropout01(name: str, start: Run, what: str, penalised: bool =
 
 
 def soft_epochs_from(name: str, start: Run, what: str) -> FineTune:
-    """The control of a conversion of ``start``: the same 5 epochs, soft, with its own options."""
-    return replace(SOFT_PRE_MORE, name=name, start=start.name, flags=start.flags, what=what)
+    """The control of a conversion of ``start``: the same 5 epochs, soft, with its own preset and options."""
+    return replace(SOFT_PRE_MORE, name=name, start=start.name, arch=start.arch, flags=start.flags, what=what)
 
 
 # the conversion of the dropout-0.1 soft model, plain and with the entropy
@@ -239,9 +243,11 @@ DROP01_CONVERSIONS = (
                      "soft_pre_drop01, 5 more soft epochs (the control of its conversions)"),
 )
 # the same conversion of the 8-head soft model (whose hard twin loses least
-# when decoded soft), with its own control
-H8_CONVERSION = hard_epochs_at_dropout01("hard_pre_argmax_from_soft_drop01_h8", SOFT_PRE_DROP01_H8,
-                                         "soft_pre_drop01_h8 converted as hard_pre_argmax_from_soft")
+# when decoded soft), with its own control; its heads, which its preset sets,
+# named for the hard preset
+H8_CONVERSION = replace(hard_epochs_at_dropout01("hard_pre_argmax_from_soft_drop01_h8", SOFT_PRE_DROP01_H8,
+                                                 "soft_pre_drop01_h8 converted as hard_pre_argmax_from_soft"),
+                        flags=f"{SOFT_PRE_DROP01_H8.flags} {EIGHT_DECODER_HEADS}")
 H8_CONTROL = soft_epochs_from("soft_pre_drop01_h8_more", SOFT_PRE_DROP01_H8,
                               "soft_pre_drop01_h8, 5 more soft epochs (the control of its conversion)")
 # the penalty on a trained hard model: its heads sharpened late, not from the
@@ -341,6 +347,9 @@ DECODES = (
     # what users have today: the soft checkpoint decoded by fairseq's own Transformer
     Decode("fairseq", "soft", {"_name": "transformer"},
            "the soft checkpoint decoded by fairseq's own transformer (the peer)"),
+    # and the curriculum's soft counterpart decoded by it (the peer of its speed benchmark)
+    Decode("fairseq_h8", SOFT_PRE_DROP01_H8.name, {"_name": "transformer"},
+           f"the {SOFT_PRE_DROP01_H8.name} checkpoint decoded by fairseq's own transformer (the peer)"),
     # the paper's Table 4: a model decoded with the other attention kind
     *(decoded_with(run, "hard") for run in ("soft", "soft_pre", "soft_pre_drop01", "soft_pre_drop01_s2",
                                             "soft_pre_drop01_h8", SOFT_PRE_DROP01_H8_S2.name,
@@ -381,12 +390,10 @@ SOFT_PRE_DROP02 = replace(SOFT_PRE, name="soft_pre_drop02", flags="--dropout 0.2
 # the curriculum with 8 heads at dropout 0.2, the dropout at which soft is best
 # on validation: does the curriculum's gain carry to the soft recipe one would choose?
 HARD_PRE_ARGMAX_DROP02_H8_ANNEAL = replace(
-    HARD_PRE_ARGMAX_DROP02, name="hard_pre_argmax_drop02_h8_anneal",
-    flags=f"{HARD_PRE_ARGMAX_DROP02.flags} {EIGHT_DECODER_HEADS} {CURRICULUM}",
+    HARD_PRE_ARGMAX_DROP01_H8_ANNEAL, name="hard_pre_argmax_drop02_h8_anneal", flags=HARD_PRE_ARGMAX_DROP02.flags,
     what="the parity recipe with dropout 0.2, 8 decoder heads and the soft-to-hard curriculum "
          f"over the first {CURRICULUM_UPDATES} updates (~half)")
-SOFT_PRE_DROP02_H8 = replace(SOFT_PRE_DROP02, name="soft_pre_drop02_h8",
-                             flags=f"{SOFT_PRE_DROP02.flags} {EIGHT_DECODER_HEADS}",
+SOFT_PRE_DROP02_H8 = replace(SOFT_PRE_DROP01_H8, name="soft_pre_drop02_h8", flags=SOFT_PRE_DROP02.flags,
                              what="soft_pre with dropout 0.2 and 8 decoder heads "
                                   "(hard_pre_argmax_drop02_h8_anneal's soft counterpart)")
 # cross+self with the parity recipe's pre-norm layers (target: within 0.3 of soft_pre)
@@ -462,10 +469,8 @@ PARITY_RUNS = (
     reseeded(HARD_PRE_ARGMAX_DROP01, 2),
     reseeded(SOFT_PRE_DROP01, 2),
     HARD_PRE_ARGMAX_DROP01_H8,
-    SOFT_PRE_DROP01_H8,
     HARD_PRE_ARGMAX_DROP01_H8_S2,
     SOFT_PRE_DROP01_H8_S2,
-    HARD_PRE_ARGMAX_DROP01_H8_ANNEAL,
     HARD_PRE_ARGMAX_DROP01_H8_ANNEAL_S2,
     HARD_PRE_ARGMAX_DROP01_H8_ANNEAL_S3,
     SOFT_PRE_DROP01_H8_S3,
@@ -545,7 +550,7 @@ PARITY_PAIRS = (("hard", "soft"), ("hard_pre", "soft_pre"), ("hard_pre_argmax", 
                 (CROSS_SELF_PRE_DROP02.name, SOFT_PRE_DROP02.name))
 
 # rows of the main table after the runs: fine-tunings and Table-4 switches, in this order
-TABLE_EXTRA_ROWS = ("fairseq", "hard_pre_argmax_from_soft", "hard_pre_argmax_from_soft_kd",
+TABLE_EXTRA_ROWS = ("fairseq", "fairseq_h8", "hard_pre_argmax_from_soft", "hard_pre_argmax_from_soft_kd",
                     "hard_pre_from_soft", "soft_pre_more",
                     "soft_decoded_hard", "hard_decoded_soft", "soft_pre_decoded_hard",
                     "hard_pre_argmax_decoded_soft", "fairseq_cross_self",
@@ -613,6 +618,13 @@ BENCHMARKS = (
               "fairseq and hard (trained later)",
               f"--baseline soft {_SMALL_TEST} --train-batches 6 --sublayer-times",
               ("soft", "fairseq", "hard", "soft_pre", "hard_pre_argmax"), True),
+    # the curriculum (8 heads) beside its soft counterpart, that checkpoint in
+    # fairseq's own transformer, and the 4-head parity presets at the same dropout
+    Benchmark("speed_small_curriculum", "speed_small's settings for the curriculum's 8-head "
+              "presets beside fairseq and the 4-head parity presets (trained later)",
+              f"--baseline {SOFT_PRE_DROP01_H8.name} {_SMALL_TEST} --train-batches 6 --sublayer-times",
+              (SOFT_PRE_DROP01_H8.name, "fairseq_h8", HARD_PRE_ARGMAX_DROP01_H8_ANNEAL.name,
+               SOFT_PRE_DROP01.name, HARD_PRE_ARGMAX_DROP01.name), True),
     # hard retrieval in decoder self-attention only: what it keeps of the recipe's speed
     Benchmark("speed_small_self_only", "speed_small's settings: hard retrieval in decoder "
               "self-attention only beside the parity recipe and soft_pre",
@@ -672,7 +684,7 @@ BENCHMARKS = (
 )
 
 # the main table's speed columns: each row from the first of these that measured it
-TABLE_SPEED_BENCHMARKS = ("speed_small", "speed_small_parity")
+TABLE_SPEED_BENCHMARKS = ("speed_small", "speed_small_parity", "speed_small_curriculum")
 
 
 def _gpu_models(src_len):

@@ -356,6 +356,12 @@ def pre_norm(args):
     set_defaults(args, encoder_normalize_before=True, decoder_normalize_before=True)
 
 
+def eight_decoder_heads(args):
+    """8 decoder heads: each hard head retrieves one token, so 8 retrieve twice
+    the tokens per layer of the small preset's 4 (results/hard_parity.md)."""
+    set_defaults(args, decoder_attention_heads=8)
+
+
 def base_architecture(args):
     """Transformer Base dims; every kind soft unless an option says otherwise."""
     set_defaults(args, **{option: "soft" for option in ATTENTION_KIND_OPTIONS})

@@ -4,7 +4,8 @@ other variant (encoder K/V kept once per sentence of a beam, alignments from
 a teacher-forced pass) and its checkpoints switch kinds like theirs.
 ``transformer_soft`` (Base), ``_big`` and ``_small`` (the CPU preset);
 ``transformer_soft_prenorm`` (+``_small``): the soft counterpart of
-``transformer_hard_dec_prenorm``, trained the same way.
+``transformer_hard_dec_prenorm``, trained the same way;
+``transformer_soft_prenorm_h8_small``: that of ``transformer_hard_dec_anneal_small``.
 """
 
 from fairseq.models import register_model, register_model_architecture
@@ -13,6 +14,7 @@ from .attention_kind_base import (
     AttentionKindTransformerModel,
     base_architecture,
     big_architecture,
+    eight_decoder_heads,
     pre_norm,
     small_architecture,
 )
@@ -52,3 +54,10 @@ def transformer_soft_prenorm(args):
 def transformer_soft_prenorm_small(args):
     pre_norm(args)
     transformer_soft_small(args)
+
+
+@register_model_architecture(MODEL_NAME, "transformer_soft_prenorm_h8_small")
+def transformer_soft_prenorm_h8_small(args):
+    """The soft counterpart of transformer_hard_dec_anneal_small (pre-norm, 8 decoder heads)."""
+    eight_decoder_heads(args)
+    transformer_soft_prenorm_small(args)
