@@ -243,8 +243,8 @@ DROP01_CONVERSIONS = (
                      "soft_pre_drop01, 5 more soft epochs (the control of its conversions)"),
 )
 # the same conversion of the 8-head soft model (whose hard twin loses least
-# when decoded soft), with its own control; its heads, which its preset sets,
-# named for the hard preset
+# when decoded soft), with its own control; the soft model's preset sets its 8
+# heads, the hard preset it converts to takes them as an option
 H8_CONVERSION = replace(hard_epochs_at_dropout01("hard_pre_argmax_from_soft_drop01_h8", SOFT_PRE_DROP01_H8,
                                                  "soft_pre_drop01_h8 converted as hard_pre_argmax_from_soft"),
                         flags=f"{SOFT_PRE_DROP01_H8.flags} {EIGHT_DECODER_HEADS}")
