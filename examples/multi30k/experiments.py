@@ -219,11 +219,13 @@ GENTLE_CONVERSION = replace(
 GENTLE_CONTROL = replace(SOFT_PRE_MORE, name="soft_pre_more_lr3e4", lr=3e-4,
                          what="soft_pre_more at a peak lr of 3e-4 (hard_pre_argmax_from_soft_lr3e4's control)")
 
-def hard_epochs_at_dropout01(name: str, start: Run, what: str, penalised: bool = False) -> FineTune:
+def hard_epochs_at_dropout01(name: str, start: Run, what: str, penalised: bool = False,
+                             preset_options: str = "") -> FineTune:
     """5 hard epochs (the conversion's schedule) from a dropout-0.1 run with its
-    own options (dropout, heads), with the entropy penalty (ENTROPY_WEIGHT) or without it."""
-    penalty = " " + ENTROPY_PENALTY if penalised else ""
-    return replace(HARD_PRE_ARGMAX_FROM_SOFT, name=name, start=start.name, flags=start.flags + penalty,
+    own options, plus ``preset_options``: those its preset sets and the hard
+    preset does not (its heads); with the entropy penalty (ENTROPY_WEIGHT) or without it."""
+    options = " ".join(filter(None, (start.flags, preset_options, ENTROPY_PENALTY if penalised else "")))
+    return replace(HARD_PRE_ARGMAX_FROM_SOFT, name=name, start=start.name, flags=options,
                    what=what + (f", with the entropy penalty {ENTROPY_WEIGHT:g}" if penalised else ""))
 
 
@@ -243,11 +245,10 @@ DROP01_CONVERSIONS = (
                      "soft_pre_drop01, 5 more soft epochs (the control of its conversions)"),
 )
 # the same conversion of the 8-head soft model (whose hard twin loses least
-# when decoded soft), with its own control; the soft model's preset sets its 8
-# heads, the hard preset it converts to takes them as an option
-H8_CONVERSION = replace(hard_epochs_at_dropout01("hard_pre_argmax_from_soft_drop01_h8", SOFT_PRE_DROP01_H8,
-                                                 "soft_pre_drop01_h8 converted as hard_pre_argmax_from_soft"),
-                        flags=f"{SOFT_PRE_DROP01_H8.flags} {EIGHT_DECODER_HEADS}")
+# when decoded soft), with its own control
+H8_CONVERSION = hard_epochs_at_dropout01("hard_pre_argmax_from_soft_drop01_h8", SOFT_PRE_DROP01_H8,
+                                         "soft_pre_drop01_h8 converted as hard_pre_argmax_from_soft",
+                                         preset_options=EIGHT_DECODER_HEADS)
 H8_CONTROL = soft_epochs_from("soft_pre_drop01_h8_more", SOFT_PRE_DROP01_H8,
                               "soft_pre_drop01_h8, 5 more soft epochs (the control of its conversion)")
 # the penalty on a trained hard model: its heads sharpened late, not from the
