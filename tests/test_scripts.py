@@ -297,6 +297,35 @@ def test_results_table_fills_the_readme_markers(tmp_path):
         "bleu_tok_lc"] == 30.5
 
 
+def test_results_table_judges_each_parity_target_on_the_mean_of_its_seeds(tmp_path):
+    """hard_parity.md opens with issue 18's targets: each one's mean gap over
+    the seeds scored so far (each seed's in brackets), met or not on each set;
+    a within-0.3 target needs a mean gap of at least -0.3, a drop at most its bound."""
+    work, results = tmp_path / "work", tmp_path / "results"
+    (work / "results").mkdir(parents=True)
+    results.mkdir()
+    experiments = load_manifest()
+    within = next(t for t in experiments.PARITY_TARGETS if not t.drop)
+    drop = next(t for t in experiments.PARITY_TARGETS if t.drop)
+    # (pair, (valid gap, test2016 gap)) with the soft model at 38.5 on both sets
+    scored = ((within.pairs[0], (-0.25, 0.5)), (within.pairs[1], (-0.5, -1.0)),
+              (drop.pairs[0], (-1.5, -0.5)), (drop.pairs[1], (-0.5, -1.0)))
+    for (run, soft), gaps in scored:
+        for suffix, gap in zip((".valid", ""), gaps):
+            for name, bleu in ((run, 38.5 + gap), (soft, 38.5)):
+                (work / "results" / f"{name}{suffix}.json").write_text(json.dumps(
+                    {"sentences": 10, "bleu_tok_lc": bleu, "sacrebleu": bleu}))
+    readme = tmp_path / "README.md"
+    readme.write_text("no markers\n")
+    script("results_table.py", work, results, "--readme", readme)
+    parity = (results / "hard_parity.md").read_text()
+    assert parity.index("## Where the targets stand") < parity.index("| run (hard or cross+self) |")
+    assert f"| {within.claim} | 2 of {len(within.pairs)} | -0.38 (-0.25, -0.50) | -0.25 (+0.50, -1.00) | no / yes |" in parity
+    assert f"| {drop.claim} | 2 of {len(drop.pairs)} | -1.00 (-1.50, -0.50) | -0.75 (-0.50, -1.00) | yes / no |" \
+        in parity
+    assert parity.count(" of 3 |") + parity.count(" of 2 |") == 2  # targets without a scored pair: no row
+
+
 def test_results_table_short_budget_column_and_parity_table(tmp_path):
     """--short-budget: a shorter budget's BLEU as a column, also for rows not
     yet trained with this budget; the parity table pairs hard with soft runs
