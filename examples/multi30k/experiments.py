@@ -562,7 +562,6 @@ PARITY_PAIRS = (("hard", "soft"), ("hard_pre", "soft_pre"), ("hard_pre_argmax", 
                 (CROSS_SELF_PRE_DROP02.name, SOFT_PRE_DROP02.name))
 
 
-
 @dataclass(frozen=True)
 class Target:
     """One of issue 18's targets, judged on the mean over seeds of run BLEU
