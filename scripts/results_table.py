@@ -182,14 +182,18 @@ def gap_cells(hard, soft):
     return " | ".join(f"{h:.2f} / {s:.2f} | {h - s:+.2f}" for h, s in zip(hard, soft)) + " |"
 
 
+def run_bleu(scores, name):
+    """(valid, test2016) BLEU of the run or decode ``name``, or None unless
+    it is scored on both sets."""
+    records = [load(Path(scores) / f"{name}{suffix}.json") for suffix in (".valid", "")]
+    return None if None in records else tuple(record["bleu_tok_lc"] for record in records)
+
+
 def pair_bleu(scores, hard, soft):
-    """((valid, test2016) BLEU of ``hard``, the same of ``soft``), or None
-    unless both are scored on both sets."""
-    pair = [tuple(load(Path(scores) / f"{name}{suffix}.json") for suffix in (".valid", ""))
-            for name in (hard, soft)]
-    if not all(record for records in pair for record in records):
-        return None
-    return tuple(tuple(record["bleu_tok_lc"] for record in records) for records in pair)
+    """(run_bleu of ``hard``, run_bleu of ``soft``), or None unless both are
+    scored on both sets."""
+    pair = run_bleu(scores, hard), run_bleu(scores, soft)
+    return None if None in pair else pair
 
 
 def parity_table(scores):
@@ -241,12 +245,8 @@ def search_table(scores):
     for hard, soft in EXPERIMENTS.SEARCH_PAIRS:
         grid = {}  # (beam, lenpen): {run: (valid, test)}, in the grid's order
         for beam, lenpen in EXPERIMENTS.SEARCH_GRID:
-            bleu = {}
-            for run in (hard, soft):
-                name = EXPERIMENTS.searched_with(run, beam, lenpen).name
-                records = [load(Path(scores) / f"{name}{suffix}.json") for suffix in (".valid", "")]
-                bleu[run] = None if None in records else tuple(r["bleu_tok_lc"] for r in records)
-            grid[beam, lenpen] = bleu
+            grid[beam, lenpen] = {run: run_bleu(scores, EXPERIMENTS.searched_with(run, beam, lenpen).name)
+                                  for run in (hard, soft)}
         if any(None in bleu.values() for bleu in grid.values()):
             continue
         best = {run: max(grid, key=lambda setting: grid[setting][run][0]) for run in (hard, soft)}

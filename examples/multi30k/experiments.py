@@ -410,10 +410,11 @@ CROSS_SELF_PRE_DROP01_S2 = reseeded(CROSS_SELF_PRE_DROP01, 2)
 # a third seed of each: two seeds met the cross+self target on validation
 # (+0.13 mean) but not on test2016 (-0.33 mean)
 CROSS_SELF_PRE_DROP01_S3 = reseeded(CROSS_SELF_PRE_DROP01, 3)
+SOFT_PRE_DROP01_S2 = reseeded(SOFT_PRE_DROP01, 2)
 SOFT_PRE_DROP01_S3 = reseeded(SOFT_PRE_DROP01, 3)
 # cross+self at dropout 0.1's three seeds, each with the soft run of its seed, by name
 CROSS_SELF_DROP01_PAIRS = tuple((cross_self.name, soft.name) for cross_self, soft in (
-    (CROSS_SELF_PRE_DROP01, SOFT_PRE_DROP01), (CROSS_SELF_PRE_DROP01_S2, reseeded(SOFT_PRE_DROP01, 2)),
+    (CROSS_SELF_PRE_DROP01, SOFT_PRE_DROP01), (CROSS_SELF_PRE_DROP01_S2, SOFT_PRE_DROP01_S2),
     (CROSS_SELF_PRE_DROP01_S3, SOFT_PRE_DROP01_S3)))
 # and at dropout 0.2, the soft recipe best on validation (soft_pre_drop02)
 CROSS_SELF_PRE_DROP02 = replace(CROSS_SELF_PRE, name="cross_self_pre_drop02",
@@ -476,7 +477,7 @@ PARITY_RUNS = (
     HARD_PRE_ARGMAX_DROP01,
     SOFT_PRE_DROP01,
     reseeded(HARD_PRE_ARGMAX_DROP01, 2),
-    reseeded(SOFT_PRE_DROP01, 2),
+    SOFT_PRE_DROP01_S2,
     HARD_PRE_ARGMAX_DROP01_H8,
     HARD_PRE_ARGMAX_DROP01_H8_S2,
     SOFT_PRE_DROP01_H8_S2,
@@ -513,8 +514,9 @@ TRAINED = FROM_SCRATCH + FINETUNES
 
 # the recipe's conversion (soft_pre + 5 hard epochs, 20 % of its updates) with
 # three fine-tuning seeds, each against 5 more soft epochs with its seed
-CONVERSION_PAIRS = tuple((f"hard_pre_argmax_from_soft{suffix}", f"soft_pre_more{suffix}")
-                         for suffix in ("", "_s2", "_s3"))
+CONVERSION_PAIRS = tuple((hard.name, soft.name) for hard, soft in (
+    (HARD_PRE_ARGMAX_FROM_SOFT, SOFT_PRE_MORE),
+    *((reseeded(HARD_PRE_ARGMAX_FROM_SOFT, seed), reseeded(SOFT_PRE_MORE, seed)) for seed in (2, 3))))
 # (hard or cross+self run, its soft counterpart: the same recipe) for the gap column
 PARITY_PAIRS = (("hard", "soft"), ("hard_pre", "soft_pre"), ("hard_pre_argmax", "soft_pre"),
                 ("hard_pre_anneal", "soft_pre"), ("hard_pre_h8", "soft_pre_h8"),
