@@ -126,11 +126,16 @@ HARD_PRE_ARGMAX_DROP01_H8_ANNEAL_S2 = reseeded(HARD_PRE_ARGMAX_DROP01_H8_ANNEAL,
 # parity target only in their mean
 HARD_PRE_ARGMAX_DROP01_H8_ANNEAL_S3 = reseeded(HARD_PRE_ARGMAX_DROP01_H8_ANNEAL, 3)
 SOFT_PRE_DROP01_H8_S3 = reseeded(SOFT_PRE_DROP01_H8, 3)
-# the curriculum's three seeds, each with the soft run of its seed, by name
+# a fourth seed, the last: three left the validation gap at -0.32, by the
+# seeds' spread (0.4) undecided against the 0.3 bound
+HARD_PRE_ARGMAX_DROP01_H8_ANNEAL_S4 = reseeded(HARD_PRE_ARGMAX_DROP01_H8_ANNEAL, 4)
+SOFT_PRE_DROP01_H8_S4 = reseeded(SOFT_PRE_DROP01_H8, 4)
+# the curriculum's seeds, each with the soft run of its seed, by name
 CURRICULUM_PAIRS = tuple((hard.name, soft.name) for hard, soft in (
     (HARD_PRE_ARGMAX_DROP01_H8_ANNEAL, SOFT_PRE_DROP01_H8),
     (HARD_PRE_ARGMAX_DROP01_H8_ANNEAL_S2, SOFT_PRE_DROP01_H8_S2),
-    (HARD_PRE_ARGMAX_DROP01_H8_ANNEAL_S3, SOFT_PRE_DROP01_H8_S3)))
+    (HARD_PRE_ARGMAX_DROP01_H8_ANNEAL_S3, SOFT_PRE_DROP01_H8_S3),
+    (HARD_PRE_ARGMAX_DROP01_H8_ANNEAL_S4, SOFT_PRE_DROP01_H8_S4)))
 
 RUNS = (
     Run("soft", "transformer_soft_small", "", "soft baseline: fairseq's Transformer, small preset"),
@@ -353,8 +358,7 @@ DECODES = (
            f"the {SOFT_PRE_DROP01_H8.name} checkpoint decoded by fairseq's own transformer (the peer)"),
     # the paper's Table 4: a model decoded with the other attention kind
     *(decoded_with(run, "hard") for run in ("soft", "soft_pre", "soft_pre_drop01", "soft_pre_drop01_s2",
-                                            "soft_pre_drop01_h8", SOFT_PRE_DROP01_H8_S2.name,
-                                            SOFT_PRE_DROP01_H8_S3.name, "soft_pre_drop02_h8")),
+                                            *(soft for _, soft in CURRICULUM_PAIRS), "soft_pre_drop02_h8")),
     *(decoded_with(run, "soft") for run in ("hard", "hard_pre", "hard_pre_argmax", "hard_pre_argmax_drop01",
                                             "hard_pre_argmax_drop01_s2", "hard_pre_argmax_drop01_h8",
                                             HARD_PRE_ARGMAX_DROP01_H8_S2.name, H8_CONVERSION.name,
@@ -484,6 +488,8 @@ PARITY_RUNS = (
     HARD_PRE_ARGMAX_DROP01_H8_ANNEAL_S2,
     HARD_PRE_ARGMAX_DROP01_H8_ANNEAL_S3,
     SOFT_PRE_DROP01_H8_S3,
+    HARD_PRE_ARGMAX_DROP01_H8_ANNEAL_S4,
+    SOFT_PRE_DROP01_H8_S4,
     HARD_PRE_ARGMAX_DROP02_H8_ANNEAL,
     SOFT_PRE_DROP02_H8,
     CROSS_SELF_PRE,
