@@ -185,9 +185,10 @@ SOFT_PRE_MORE = FineTune(
 # the soft-to-hard curriculum inside the conversion: the hard share rises over
 # its first half (310 of 620 updates), as hard_pre_anneal's over ~half;
 # trained with seeds 3 and 4 only
+CONVERSION_CURRICULUM = "--hard-anneal-updates 310"
 CURRICULUM_CONVERSION = FineTune(
     "hard_pre_argmax_from_soft_anneal", "soft_pre", "transformer_hard_dec_prenorm_small",
-    "--hard-anneal-updates 310",
+    CONVERSION_CURRICULUM,
     "hard_pre_argmax_from_soft with the soft-to-hard curriculum over its first 310 updates",
     **CONVERSION_SCHEDULE)
 # sampling cooled into the argmax inside the conversion: the temperature falls
@@ -253,6 +254,37 @@ H8_CONVERSION = hard_epochs_at_dropout01("hard_pre_argmax_from_soft_drop01_h8", 
                                          preset_options=EIGHT_DECODER_HEADS)
 H8_CONTROL = soft_epochs_from("soft_pre_drop01_h8_more", SOFT_PRE_DROP01_H8,
                               "soft_pre_drop01_h8, 5 more soft epochs (the control of its conversion)")
+# the conversion with the curriculum preset's whole recipe (dropout 0.1, 8
+# heads, the curriculum over the first half of its updates) from the
+# curriculum's last soft seed, with its control: the preset a user converting
+# would pick. Fine-tuned with two seeds (the first the parent's own)
+CURRICULUM_SOFT_PARENT = CURRICULUM_RESEEDS[-1][1]
+
+
+def preset_conversion(seed: int) -> Tuple[FineTune, FineTune]:
+    """CURRICULUM_SOFT_PARENT converted with the curriculum preset, fine-tuned
+    with ``seed``, and its control: the same 5 epochs soft."""
+    flags = f"{SOFT_PRE_DROP01.flags} --seed {seed}"
+    conversion = FineTune(
+        f"hard_pre_argmax_from_soft_drop01_h8_anneal_s{seed}", CURRICULUM_SOFT_PARENT.name,
+        "transformer_hard_dec_anneal_small", f"{flags} {CONVERSION_CURRICULUM}",
+        f"{CURRICULUM_SOFT_PARENT.name} converted with the curriculum preset "
+        f"(transformer_hard_dec_anneal_small), its curriculum over the first 310 updates (seed {seed})",
+        **CONVERSION_SCHEDULE)
+    control = replace(soft_epochs_from(
+        f"soft_pre_drop01_h8_more_s{seed}", CURRICULUM_SOFT_PARENT,
+        f"{CURRICULUM_SOFT_PARENT.name}, 5 more soft epochs (the control of its conversion; seed {seed})"),
+        flags=flags)
+    return conversion, control
+
+
+PRESET_CONVERSIONS = tuple(preset_conversion(seed) for seed in (4, 5))
+# and the curriculum's own hard seed given the same 5 epochs hard (its
+# curriculum done: the restarted update count would run it again): does the
+# parity at 25 epochs hold where soft gains from 5 more?
+CURRICULUM_HARD_MORE = hard_epochs_at_dropout01(
+    "hard_pre_argmax_drop01_h8_anneal_more_s4", CURRICULUM_RESEEDS[-1][0],
+    f"{CURRICULUM_RESEEDS[-1][0].name}, 5 more hard epochs", preset_options=EIGHT_DECODER_HEADS)
 # the penalty on a trained hard model: its heads sharpened late, not from the
 # start; against the same 5 epochs without it
 HARD_DROP01_MORE = tuple(
@@ -310,6 +342,8 @@ FINETUNES = (
     *HARD_DROP01_MORE,
     H8_CONVERSION,
     H8_CONTROL,
+    *(run for pair in PRESET_CONVERSIONS for run in pair),
+    CURRICULUM_HARD_MORE,
     # the conversion and its control on soft_pre's own translations (sequence-level distillation)
     replace(HARD_PRE_ARGMAX_FROM_SOFT, name="hard_pre_argmax_from_soft_seqkd", corpus="soft_pre",
             what="hard_pre_argmax_from_soft on soft_pre's translations of the training set"),
@@ -554,6 +588,9 @@ PARITY_PAIRS = (("hard", "soft"), ("hard_pre", "soft_pre"), ("hard_pre_argmax", 
                 (HARD_PRE_ARGMAX_DROP02_H8_ANNEAL.name, SOFT_PRE_DROP02_H8.name),
                 (HARD_PRE_ARGMAX_DROP02_H8_ANNEAL.name, SOFT_PRE_DROP02.name),
                 (H8_CONVERSION.name, H8_CONTROL.name), (H8_CONVERSION.name, SOFT_PRE_DROP01_H8.name),
+                *((conversion.name, control.name) for conversion, control in PRESET_CONVERSIONS),
+                *((conversion.name, CURRICULUM_SOFT_PARENT.name) for conversion, _ in PRESET_CONVERSIONS),
+                (CURRICULUM_HARD_MORE.name, PRESET_CONVERSIONS[0][1].name),
                 ("hard_pre_argmax_seqkd", "soft_pre_seqkd"), ("hard_pre_argmax_seqkd", "soft_pre"),
                 ("hard_pre_argmax_from_soft_seqkd", "soft_pre_more_seqkd"),
                 ("hard_pre_argmax_from_soft_seqkd", "soft_pre"),
