@@ -182,14 +182,16 @@ HARD_PRE_ARGMAX_FROM_SOFT = FineTune(
 SOFT_PRE_MORE = FineTune(
     "soft_pre_more", "soft_pre", "transformer_soft_prenorm_small", "",
     "soft_pre, 5 more soft epochs as hard_pre_from_soft's (the control)", **CONVERSION_SCHEDULE)
-# the soft-to-hard curriculum inside the conversion: the hard share rises over
-# its first half (310 of 620 updates), as hard_pre_anneal's over ~half;
-# trained with seeds 3 and 4 only
-CONVERSION_CURRICULUM = "--hard-anneal-updates 310"
+# a conversion's soft-to-hard curriculum: the hard share rises over its first
+# half (310 of 620 updates), as hard_pre_anneal's over ~half of its training
+CONVERSION_CURRICULUM_UPDATES = 310
+CONVERSION_CURRICULUM = f"--hard-anneal-updates {CONVERSION_CURRICULUM_UPDATES}"
+# the curriculum inside the recipe's conversion; trained with seeds 3 and 4 only
 CURRICULUM_CONVERSION = FineTune(
     "hard_pre_argmax_from_soft_anneal", "soft_pre", "transformer_hard_dec_prenorm_small",
     CONVERSION_CURRICULUM,
-    "hard_pre_argmax_from_soft with the soft-to-hard curriculum over its first 310 updates",
+    "hard_pre_argmax_from_soft with the soft-to-hard curriculum over its first "
+    f"{CONVERSION_CURRICULUM_UPDATES} updates",
     **CONVERSION_SCHEDULE)
 # sampling cooled into the argmax inside the conversion: the temperature falls
 # from 1 to 0 over its first half (310 of 620 updates), as hard_pre_cool's over ~half
@@ -264,12 +266,13 @@ CURRICULUM_SOFT_PARENT = CURRICULUM_RESEEDS[-1][1]
 def preset_conversion(seed: int) -> Tuple[FineTune, FineTune]:
     """CURRICULUM_SOFT_PARENT converted with the curriculum preset, fine-tuned
     with ``seed``, and its control: the same 5 epochs soft."""
-    flags = f"{SOFT_PRE_DROP01.flags} --seed {seed}"
+    flags = f"{SOFT_PRE_DROP01_H8.flags} --seed {seed}"
     conversion = FineTune(
         f"hard_pre_argmax_from_soft_drop01_h8_anneal_s{seed}", CURRICULUM_SOFT_PARENT.name,
         "transformer_hard_dec_anneal_small", f"{flags} {CONVERSION_CURRICULUM}",
         f"{CURRICULUM_SOFT_PARENT.name} converted with the curriculum preset "
-        f"(transformer_hard_dec_anneal_small), its curriculum over the first 310 updates (seed {seed})",
+        f"(transformer_hard_dec_anneal_small), its curriculum over the first {CONVERSION_CURRICULUM_UPDATES} updates "
+        f"(seed {seed})",
         **CONVERSION_SCHEDULE)
     control = replace(soft_epochs_from(
         f"soft_pre_drop01_h8_more_s{seed}", CURRICULUM_SOFT_PARENT,
