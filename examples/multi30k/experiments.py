@@ -259,7 +259,8 @@ H8_CONTROL = soft_epochs_from("soft_pre_drop01_h8_more", SOFT_PRE_DROP01_H8,
 # the conversion with the curriculum preset's whole recipe (dropout 0.1, 8
 # heads, the curriculum over the first half of its updates) from the
 # curriculum's last soft seed, with its control: the preset a user converting
-# would pick. Fine-tuned with two seeds (the first the parent's own)
+# would pick. Fine-tuned with three seeds (the first the parent's own; the
+# third declared the last before it trained)
 CURRICULUM_SOFT_PARENT = CURRICULUM_RESEEDS[-1][1]
 
 
@@ -281,7 +282,7 @@ def preset_conversion(seed: int) -> Tuple[FineTune, FineTune]:
     return conversion, control
 
 
-PRESET_CONVERSIONS = tuple(preset_conversion(seed) for seed in (4, 5))
+PRESET_CONVERSIONS = tuple(preset_conversion(seed) for seed in (4, 5, 6))
 # and the curriculum's own hard seed given the same 5 epochs hard (its
 # curriculum done: the restarted update count would run it again): does the
 # parity at 25 epochs hold where soft gains from 5 more?
