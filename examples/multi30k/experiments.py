@@ -182,23 +182,24 @@ HARD_PRE_ARGMAX_FROM_SOFT = FineTune(
 SOFT_PRE_MORE = FineTune(
     "soft_pre_more", "soft_pre", "transformer_soft_prenorm_small", "",
     "soft_pre, 5 more soft epochs as hard_pre_from_soft's (the control)", **CONVERSION_SCHEDULE)
-# a conversion's soft-to-hard curriculum: the hard share rises over its first
-# half (310 of 620 updates), as hard_pre_anneal's over ~half of its training
-CONVERSION_CURRICULUM_UPDATES = 310
-CONVERSION_CURRICULUM = f"--hard-anneal-updates {CONVERSION_CURRICULUM_UPDATES}"
+# the first half of a conversion (310 of its 620 updates): where its curriculum
+# or its cooling runs, as hard_pre_anneal's and hard_pre_cool's over ~half of
+# their training
+CONVERSION_HALF_UPDATES = 310
+CONVERSION_CURRICULUM = f"--hard-anneal-updates {CONVERSION_HALF_UPDATES}"
 # the curriculum inside the recipe's conversion; trained with seeds 3 and 4 only
 CURRICULUM_CONVERSION = FineTune(
     "hard_pre_argmax_from_soft_anneal", "soft_pre", "transformer_hard_dec_prenorm_small",
     CONVERSION_CURRICULUM,
     "hard_pre_argmax_from_soft with the soft-to-hard curriculum over its first "
-    f"{CONVERSION_CURRICULUM_UPDATES} updates",
+    f"{CONVERSION_HALF_UPDATES} updates",
     **CONVERSION_SCHEDULE)
 # sampling cooled into the argmax inside the conversion: the temperature falls
-# from 1 to 0 over its first half (310 of 620 updates), as hard_pre_cool's over ~half
+# from 1 to 0 over its first half
 COOLED_CONVERSION = FineTune(
     "hard_pre_argmax_from_soft_cool", "soft_pre", "transformer_hard_dec_prenorm_small",
-    "--hard-cooling-updates 310",
-    "hard_pre_argmax_from_soft with sampling cooled into the argmax over its first 310 updates",
+    f"--hard-cooling-updates {CONVERSION_HALF_UPDATES}",
+    f"hard_pre_argmax_from_soft with sampling cooled into the argmax over its first {CONVERSION_HALF_UPDATES} updates",
     **CONVERSION_SCHEDULE)
 # the conversion taught by the soft model it starts from (word-level
 # distillation, α = 0.5): no more training budget than the conversion
@@ -261,7 +262,7 @@ H8_CONTROL = soft_epochs_from("soft_pre_drop01_h8_more", SOFT_PRE_DROP01_H8,
 # curriculum's last soft seed, with its control: the preset a user converting
 # would pick. Fine-tuned with three seeds (the first the parent's own; the
 # third declared the last before it trained)
-CURRICULUM_SOFT_PARENT = CURRICULUM_RESEEDS[-1][1]
+CURRICULUM_LAST_HARD, CURRICULUM_SOFT_PARENT = CURRICULUM_RESEEDS[-1]
 
 
 def preset_conversion(seed: int) -> Tuple[FineTune, FineTune]:
@@ -272,7 +273,7 @@ def preset_conversion(seed: int) -> Tuple[FineTune, FineTune]:
         f"hard_pre_argmax_from_soft_drop01_h8_anneal_s{seed}", CURRICULUM_SOFT_PARENT.name,
         "transformer_hard_dec_anneal_small", f"{flags} {CONVERSION_CURRICULUM}",
         f"{CURRICULUM_SOFT_PARENT.name} converted with the curriculum preset "
-        f"(transformer_hard_dec_anneal_small), its curriculum over the first {CONVERSION_CURRICULUM_UPDATES} updates "
+        f"(transformer_hard_dec_anneal_small), its curriculum over the first {CONVERSION_HALF_UPDATES} updates "
         f"(seed {seed})",
         **CONVERSION_SCHEDULE)
     control = replace(soft_epochs_from(
@@ -287,8 +288,8 @@ PRESET_CONVERSIONS = tuple(preset_conversion(seed) for seed in (4, 5, 6))
 # curriculum done: the restarted update count would run it again): does the
 # parity at 25 epochs hold where soft gains from 5 more?
 CURRICULUM_HARD_MORE = hard_epochs_at_dropout01(
-    "hard_pre_argmax_drop01_h8_anneal_more_s4", CURRICULUM_RESEEDS[-1][0],
-    f"{CURRICULUM_RESEEDS[-1][0].name}, 5 more hard epochs", preset_options=EIGHT_DECODER_HEADS)
+    "hard_pre_argmax_drop01_h8_anneal_more_s4", CURRICULUM_LAST_HARD,
+    f"{CURRICULUM_LAST_HARD.name}, 5 more hard epochs", preset_options=EIGHT_DECODER_HEADS)
 # the penalty on a trained hard model: its heads sharpened late, not from the
 # start; against the same 5 epochs without it
 HARD_DROP01_MORE = tuple(
