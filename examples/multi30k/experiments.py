@@ -18,7 +18,9 @@ from typing import Dict, Tuple
 SOFT_KINDS = {"dec_self_attn_kind": "soft", "dec_cross_attn_kind": "soft"}
 HARD_KINDS = {"dec_self_attn_kind": "hard", "dec_cross_attn_kind": "hard"}
 GATE_LOSS = "--criterion label_smoothed_cross_entropy_with_gate --gate-beta 0.1"
-DISTILLATION = "--criterion label_smoothed_cross_entropy_with_distillation --distill-weight 0.5"
+# word-level distillation's one measured weight α (of the teacher's term)
+DISTILL_WEIGHT = 0.5
+DISTILLATION = f"--criterion label_smoothed_cross_entropy_with_distillation --distill-weight {DISTILL_WEIGHT:g}"
 # the soft-to-hard conversions' schedule (and their controls'): 5 epochs, 20 % of
 # the 25-epoch budget, 100 warmup updates, the last 2 epochs averaged
 CONVERSION_SCHEDULE = {"epochs": 5, "average": 2, "warmup": 100}
@@ -202,10 +204,10 @@ COOLED_CONVERSION = FineTune(
     f"hard_pre_argmax_from_soft with sampling cooled into the argmax over its first {CONVERSION_HALF_UPDATES} updates",
     **CONVERSION_SCHEDULE)
 # the conversion taught by the soft model it starts from (word-level
-# distillation, α = 0.5): no more training budget than the conversion
+# distillation): no more training budget than the conversion
 DISTILLED_CONVERSION = FineTune(
     "hard_pre_argmax_from_soft_kd", "soft_pre", "transformer_hard_dec_prenorm_small", DISTILLATION,
-    "hard_pre_argmax_from_soft with word-level distillation from soft_pre (α = 0.5)",
+    f"hard_pre_argmax_from_soft with word-level distillation from soft_pre (α = {DISTILL_WEIGHT:g})",
     **CONVERSION_SCHEDULE, teacher="soft_pre")
 # where the gap comes from: the conversion with hard retrieval in one decoder
 # attention only, the other kept soft
@@ -293,11 +295,29 @@ PRESET_CONVERSIONS = tuple(preset_conversion(seed) for seed in PRESET_CONVERSION
 # than at 1e-3, and its controls worse still (README)
 BRISK_LR = 2e-3
 BRISK_LR_TAG = f"lr{BRISK_LR:.0e}".replace("e-0", "e")  # in the runs' names: lr2e3
+
+
+def tagged(run: FineTune, seed: int, tag: str) -> str:
+    """The name of ``run`` (fine-tuned with ``seed``, its name's suffix) with ``tag`` before its seed."""
+    return f"{run.name.removesuffix(f'_s{seed}')}_{tag}_s{seed}"
+
+
 BRISK_PRESET_CONVERSIONS = tuple(
-    tuple(replace(run, name=f"{run.name.removesuffix(f'_s{seed}')}_{BRISK_LR_TAG}_s{seed}", lr=BRISK_LR,
+    tuple(replace(run, name=tagged(run, seed, BRISK_LR_TAG), lr=BRISK_LR,
                   what=f"{run.name} at a peak lr of {BRISK_LR:g}")
           for run in pair)
     for seed, pair in zip(PRESET_CONVERSION_SEEDS, PRESET_CONVERSIONS))
+# the preset conversion taught by the soft parent it starts from (word-level
+# distillation as DISTILLED_CONVERSION's): the parent's output distributions
+# carry what the hard model loses when its attention changes under it, at no
+# more training updates. Scored against the same seeds' controls (trained for
+# PRESET_CONVERSIONS); the same three seeds, declared before they trained
+DISTILLED_PRESET_CONVERSIONS = tuple(
+    replace(conversion, name=tagged(conversion, seed, "kd"), flags=f"{conversion.flags} {DISTILLATION}",
+            teacher=CURRICULUM_SOFT_PARENT.name,
+            what=f"{conversion.name} with word-level distillation from {CURRICULUM_SOFT_PARENT.name} "
+                 f"(α = {DISTILL_WEIGHT:g})")
+    for seed, (conversion, _) in zip(PRESET_CONVERSION_SEEDS, PRESET_CONVERSIONS))
 # and the curriculum's own hard seed given the same 5 epochs hard (its
 # curriculum done: the restarted update count would run it again): does the
 # parity at 25 epochs hold where soft gains from 5 more?
@@ -364,6 +384,7 @@ FINETUNES = (
     *(run for pair in PRESET_CONVERSIONS for run in pair),
     CURRICULUM_HARD_MORE,
     *(run for pair in BRISK_PRESET_CONVERSIONS for run in pair),
+    *DISTILLED_PRESET_CONVERSIONS,
     # the conversion and its control on soft_pre's own translations (sequence-level distillation)
     replace(HARD_PRE_ARGMAX_FROM_SOFT, name="hard_pre_argmax_from_soft_seqkd", corpus="soft_pre",
             what="hard_pre_argmax_from_soft on soft_pre's translations of the training set"),
@@ -614,6 +635,9 @@ PARITY_PAIRS = (("hard", "soft"), ("hard_pre", "soft_pre"), ("hard_pre_argmax", 
                 *((conversion.name, control.name) for conversion, control in BRISK_PRESET_CONVERSIONS),
                 *((brisk.name, control.name) for (brisk, _), (_, control) in zip(BRISK_PRESET_CONVERSIONS,
                                                                               PRESET_CONVERSIONS)),
+                *((distilled.name, control.name) for distilled, (_, control) in zip(DISTILLED_PRESET_CONVERSIONS,
+                                                                                    PRESET_CONVERSIONS)),
+                *((distilled.name, CURRICULUM_SOFT_PARENT.name) for distilled in DISTILLED_PRESET_CONVERSIONS),
                 ("hard_pre_argmax_seqkd", "soft_pre_seqkd"), ("hard_pre_argmax_seqkd", "soft_pre"),
                 ("hard_pre_argmax_from_soft_seqkd", "soft_pre_more_seqkd"),
                 ("hard_pre_argmax_from_soft_seqkd", "soft_pre"),
