@@ -319,6 +319,18 @@ DISTILLED_PRESET_CONVERSIONS = tuple(
             what=f"{conversion.name} with word-level distillation from {CURRICULUM_SOFT_PARENT.name} "
                  f"(α = {DISTILL_WEIGHT:g})")
     for seed, (conversion, _) in zip(PRESET_CONVERSION_SEEDS, PRESET_CONVERSIONS))
+# the same at a distillation temperature of 2: at T = 1 the parent's
+# distributions are nearly one-hot, so its term taught little beyond the
+# references; softened, they rank the alternatives the parent weighs. The same
+# three seeds and controls, declared before they trained
+WARM_DISTILL_TEMPERATURE = 2.0
+WARM_DISTILL_TAG = f"kdt{WARM_DISTILL_TEMPERATURE:g}"  # in the runs' names: kdt2
+WARM_DISTILLED_PRESET_CONVERSIONS = tuple(
+    replace(distilled, name=tagged(conversion, seed, WARM_DISTILL_TAG),
+            flags=f"{distilled.flags} --distill-temperature {WARM_DISTILL_TEMPERATURE:g}",
+            what=f"{distilled.name} at a distillation temperature of {WARM_DISTILL_TEMPERATURE:g}")
+    for seed, distilled, (conversion, _) in zip(PRESET_CONVERSION_SEEDS, DISTILLED_PRESET_CONVERSIONS,
+                                                PRESET_CONVERSIONS))
 # and the curriculum's own hard seed given the same 5 epochs hard (its
 # curriculum done: the restarted update count would run it again): does the
 # parity at 25 epochs hold where soft gains from 5 more?
@@ -386,6 +398,7 @@ FINETUNES = (
     CURRICULUM_HARD_MORE,
     *(run for pair in BRISK_PRESET_CONVERSIONS for run in pair),
     *DISTILLED_PRESET_CONVERSIONS,
+    *WARM_DISTILLED_PRESET_CONVERSIONS,
     # the conversion and its control on soft_pre's own translations (sequence-level distillation)
     replace(HARD_PRE_ARGMAX_FROM_SOFT, name="hard_pre_argmax_from_soft_seqkd", corpus="soft_pre",
             what="hard_pre_argmax_from_soft on soft_pre's translations of the training set"),
@@ -639,6 +652,10 @@ PARITY_PAIRS = (("hard", "soft"), ("hard_pre", "soft_pre"), ("hard_pre_argmax", 
                 *((distilled.name, control.name) for distilled, (_, control) in zip(DISTILLED_PRESET_CONVERSIONS,
                                                                                     PRESET_CONVERSIONS)),
                 *((distilled.name, CURRICULUM_SOFT_PARENT.name) for distilled in DISTILLED_PRESET_CONVERSIONS),
+                *((warm.name, control.name) for warm, (_, control) in zip(WARM_DISTILLED_PRESET_CONVERSIONS,
+                                                                          PRESET_CONVERSIONS)),
+                *((warm.name, distilled.name) for warm, distilled in zip(WARM_DISTILLED_PRESET_CONVERSIONS,
+                                                                         DISTILLED_PRESET_CONVERSIONS)),
                 ("hard_pre_argmax_seqkd", "soft_pre_seqkd"), ("hard_pre_argmax_seqkd", "soft_pre"),
                 ("hard_pre_argmax_from_soft_seqkd", "soft_pre_more_seqkd"),
                 ("hard_pre_argmax_from_soft_seqkd", "soft_pre"),
