@@ -319,9 +319,9 @@ DISTILLED_PRESET_CONVERSIONS = tuple(
             what=f"{conversion.name} with word-level distillation from {CURRICULUM_SOFT_PARENT.name} "
                  f"(α = {DISTILL_WEIGHT:g})")
     for seed, (conversion, _) in zip(PRESET_CONVERSION_SEEDS, PRESET_CONVERSIONS))
-# the same at a distillation temperature of 2: at T = 1 the parent's
-# distributions are nearly one-hot, so its term taught little beyond the
-# references; softened, they rank the alternatives the parent weighs. The same
+# the same at a distillation temperature of 2: at T = 1 the parent's peaked
+# distributions may teach little beyond the references; softened, they rank
+# the alternatives the parent weighs. The same
 # three seeds and controls, declared before they trained. NLL lower still, BLEU
 # −0.48 / −0.57 from the controls: no better than at T = 1 (README)
 WARM_DISTILL_TEMPERATURE = 2.0
