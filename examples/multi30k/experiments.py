@@ -321,9 +321,9 @@ DISTILLED_PRESET_CONVERSIONS = tuple(
     for seed, (conversion, _) in zip(PRESET_CONVERSION_SEEDS, PRESET_CONVERSIONS))
 # the same at a distillation temperature of 2: at T = 1 the parent's peaked
 # distributions may teach little beyond the references; softened, they rank
-# the alternatives the parent weighs. The same
-# three seeds and controls, declared before they trained. NLL lower still, BLEU
-# −0.48 / −0.57 from the controls: no better than at T = 1 (README)
+# the alternatives the parent weighs. The same three seeds and controls,
+# declared before they trained. NLL lower still, BLEU −0.48 / −0.57 from the
+# controls: no better than at T = 1 (README)
 WARM_DISTILL_TEMPERATURE = 2.0
 WARM_DISTILL_TAG = f"kdt{WARM_DISTILL_TEMPERATURE:g}"  # in the runs' names: kdt2
 WARM_DISTILLED_PRESET_CONVERSIONS = tuple(
@@ -607,6 +607,16 @@ TRAINED = FROM_SCRATCH + FINETUNES
 CONVERSION_PAIRS = tuple((hard.name, soft.name) for hard, soft in (
     (HARD_PRE_ARGMAX_FROM_SOFT, SOFT_PRE_MORE),
     *((reseeded(HARD_PRE_ARGMAX_FROM_SOFT, seed), reseeded(SOFT_PRE_MORE, seed)) for seed in (2, 3))))
+
+
+def against_controls_and_parent(conversions):
+    """Pairs of CURRICULUM_SOFT_PARENT's conversions (one per PRESET_CONVERSION_SEEDS seed, in
+    order) with their seeds' soft controls, then with the parent itself."""
+    conversions = tuple(conversions)
+    return (*((conversion.name, control.name) for conversion, (_, control) in zip(conversions, PRESET_CONVERSIONS)),
+            *((conversion.name, CURRICULUM_SOFT_PARENT.name) for conversion in conversions))
+
+
 # (hard or cross+self run, its soft counterpart: the same recipe) for the gap column
 PARITY_PAIRS = (("hard", "soft"), ("hard_pre", "soft_pre"), ("hard_pre_argmax", "soft_pre"),
                 ("hard_pre_anneal", "soft_pre"), ("hard_pre_h8", "soft_pre_h8"),
@@ -644,18 +654,13 @@ PARITY_PAIRS = (("hard", "soft"), ("hard_pre", "soft_pre"), ("hard_pre_argmax", 
                 (HARD_PRE_ARGMAX_DROP02_H8_ANNEAL.name, SOFT_PRE_DROP02_H8.name),
                 (HARD_PRE_ARGMAX_DROP02_H8_ANNEAL.name, SOFT_PRE_DROP02.name),
                 (H8_CONVERSION.name, H8_CONTROL.name), (H8_CONVERSION.name, SOFT_PRE_DROP01_H8.name),
-                *((conversion.name, control.name) for conversion, control in PRESET_CONVERSIONS),
-                *((conversion.name, CURRICULUM_SOFT_PARENT.name) for conversion, _ in PRESET_CONVERSIONS),
+                *against_controls_and_parent(conversion for conversion, _ in PRESET_CONVERSIONS),
                 (CURRICULUM_HARD_MORE.name, PRESET_CONVERSIONS[0][1].name),
                 *((conversion.name, control.name) for conversion, control in BRISK_PRESET_CONVERSIONS),
                 *((brisk.name, control.name) for (brisk, _), (_, control) in zip(BRISK_PRESET_CONVERSIONS,
                                                                               PRESET_CONVERSIONS)),
-                *((distilled.name, control.name) for distilled, (_, control) in zip(DISTILLED_PRESET_CONVERSIONS,
-                                                                                    PRESET_CONVERSIONS)),
-                *((distilled.name, CURRICULUM_SOFT_PARENT.name) for distilled in DISTILLED_PRESET_CONVERSIONS),
-                *((warm.name, control.name) for warm, (_, control) in zip(WARM_DISTILLED_PRESET_CONVERSIONS,
-                                                                          PRESET_CONVERSIONS)),
-                *((warm.name, CURRICULUM_SOFT_PARENT.name) for warm in WARM_DISTILLED_PRESET_CONVERSIONS),
+                *against_controls_and_parent(DISTILLED_PRESET_CONVERSIONS),
+                *against_controls_and_parent(WARM_DISTILLED_PRESET_CONVERSIONS),
                 ("hard_pre_argmax_seqkd", "soft_pre_seqkd"), ("hard_pre_argmax_seqkd", "soft_pre"),
                 ("hard_pre_argmax_from_soft_seqkd", "soft_pre_more_seqkd"),
                 ("hard_pre_argmax_from_soft_seqkd", "soft_pre"),
