@@ -18,9 +18,17 @@ from typing import Dict, Tuple
 SOFT_KINDS = {"dec_self_attn_kind": "soft", "dec_cross_attn_kind": "soft"}
 HARD_KINDS = {"dec_self_attn_kind": "hard", "dec_cross_attn_kind": "hard"}
 GATE_LOSS = "--criterion label_smoothed_cross_entropy_with_gate --gate-beta 0.1"
-# word-level distillation's one measured weight α (of the teacher's term)
+
+
+def distillation(weight: float) -> str:
+    """The criterion options of word-level distillation with the teacher's term weighted ``weight``."""
+    return f"--criterion label_smoothed_cross_entropy_with_distillation --distill-weight {weight:g}"
+
+
+# word-level distillation's weight α (of the teacher's term) in every distilled
+# run but the teacher-only ones (TEACHER_ONLY_WEIGHT)
 DISTILL_WEIGHT = 0.5
-DISTILLATION = f"--criterion label_smoothed_cross_entropy_with_distillation --distill-weight {DISTILL_WEIGHT:g}"
+DISTILLATION = distillation(DISTILL_WEIGHT)
 # the soft-to-hard conversions' schedule (and their controls'): 5 epochs, 20 % of
 # the 25-epoch budget, 100 warmup updates, the last 2 epochs averaged
 CONVERSION_SCHEDULE = {"epochs": 5, "average": 2, "warmup": 100}
@@ -332,6 +340,20 @@ WARM_DISTILLED_PRESET_CONVERSIONS = tuple(
             what=f"{distilled.name} at a distillation temperature of {WARM_DISTILL_TEMPERATURE:g}")
     for seed, distilled, (conversion, _) in zip(PRESET_CONVERSION_SEEDS, DISTILLED_PRESET_CONVERSIONS,
                                                 PRESET_CONVERSIONS))
+# the same taught by the parent alone (α = 1: no reference term): the
+# references pull the hard model toward what its argmax attention finds easy,
+# the parent toward what the soft model it must match predicts. At T = 2
+# (nearest on validation); the same three seeds and controls, declared before
+# they trained
+TEACHER_ONLY_WEIGHT = 1.0
+TEACHER_ONLY_TAG = f"{WARM_DISTILL_TAG}w{TEACHER_ONLY_WEIGHT:g}"  # in the runs' names: kdt2w1
+TEACHER_ONLY_PRESET_CONVERSIONS = tuple(
+    replace(warm, name=tagged(conversion, seed, TEACHER_ONLY_TAG),
+            flags=f"{conversion.flags} {distillation(TEACHER_ONLY_WEIGHT)} "
+                  f"--distill-temperature {WARM_DISTILL_TEMPERATURE:g}",
+            what=f"{warm.name} with the parent's term alone (α = {TEACHER_ONLY_WEIGHT:g})")
+    for seed, warm, (conversion, _) in zip(PRESET_CONVERSION_SEEDS, WARM_DISTILLED_PRESET_CONVERSIONS,
+                                           PRESET_CONVERSIONS))
 # and the curriculum's own hard seed given the same 5 epochs hard (its
 # curriculum done: the restarted update count would run it again): does the
 # parity at 25 epochs hold where soft gains from 5 more?
@@ -400,6 +422,7 @@ FINETUNES = (
     *(run for pair in BRISK_PRESET_CONVERSIONS for run in pair),
     *DISTILLED_PRESET_CONVERSIONS,
     *WARM_DISTILLED_PRESET_CONVERSIONS,
+    *TEACHER_ONLY_PRESET_CONVERSIONS,
     # the conversion and its control on soft_pre's own translations (sequence-level distillation)
     replace(HARD_PRE_ARGMAX_FROM_SOFT, name="hard_pre_argmax_from_soft_seqkd", corpus="soft_pre",
             what="hard_pre_argmax_from_soft on soft_pre's translations of the training set"),
@@ -661,6 +684,7 @@ PARITY_PAIRS = (("hard", "soft"), ("hard_pre", "soft_pre"), ("hard_pre_argmax", 
                                                                               PRESET_CONVERSIONS)),
                 *against_controls_and_parent(DISTILLED_PRESET_CONVERSIONS),
                 *against_controls_and_parent(WARM_DISTILLED_PRESET_CONVERSIONS),
+                *against_controls_and_parent(TEACHER_ONLY_PRESET_CONVERSIONS),
                 ("hard_pre_argmax_seqkd", "soft_pre_seqkd"), ("hard_pre_argmax_seqkd", "soft_pre"),
                 ("hard_pre_argmax_from_soft_seqkd", "soft_pre_more_seqkd"),
                 ("hard_pre_argmax_from_soft_seqkd", "soft_pre"),
