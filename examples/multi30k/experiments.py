@@ -344,7 +344,7 @@ WARM_DISTILLED_PRESET_CONVERSIONS = tuple(
 # references may pull the hard model toward what its argmax attention finds easy,
 # the parent toward what the soft model it must match predicts. At T = 2
 # (nearest on validation); the same three seeds and controls, declared before
-# they trained. NLL the lowest yet, BLEU −1.00 / −0.39 from the controls:
+# they trained. NLL lower still, BLEU −1.00 / −0.39 from the controls:
 # worse on validation than α = 0.5 (README)
 TEACHER_ONLY_WEIGHT = 1.0
 TEACHER_ONLY_TAG = f"{WARM_DISTILL_TAG}w{TEACHER_ONLY_WEIGHT:g}"  # in the runs' names: kdt2w1
