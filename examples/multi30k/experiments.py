@@ -315,18 +315,33 @@ BRISK_PRESET_CONVERSIONS = tuple(
                   what=f"{run.name} at a peak lr of {BRISK_LR:g}")
           for run in pair)
     for seed, pair in zip(PRESET_CONVERSION_SEEDS, PRESET_CONVERSIONS))
+DISTILL_TAG = "kd"  # in the distilled conversions' names
+
+
+def distilled_preset_conversions(tag: str, weight: float, temperature, change: str,
+                                 varies: str = "") -> Tuple[FineTune, ...]:
+    """PRESET_CONVERSIONS' hard runs taught by CURRICULUM_SOFT_PARENT (word-level distillation, the
+    teacher's term weighted ``weight``, at ``temperature``: None leaves the criterion's default),
+    named with ``tag``, described as the same seed's run of the family tagged ``varies`` (none: the
+    plain conversion) with ``change``."""
+    temperature_option = "" if temperature is None else f" --distill-temperature {temperature:g}"
+    return tuple(
+        replace(conversion, name=tagged(conversion, seed, tag),
+                flags=f"{conversion.flags} {distillation(weight)}{temperature_option}",
+                teacher=CURRICULUM_SOFT_PARENT.name,
+                what=f"{tagged(conversion, seed, varies) if varies else conversion.name} {change}")
+        for seed, (conversion, _) in zip(PRESET_CONVERSION_SEEDS, PRESET_CONVERSIONS))
+
+
 # the preset conversion taught by the soft parent it starts from (word-level
 # distillation as DISTILLED_CONVERSION's): the parent's output distributions
 # carry what the hard model loses when its attention changes under it, at no
 # more training updates. Scored against the same seeds' controls (trained for
 # PRESET_CONVERSIONS); the same three seeds, declared before they trained. Its
 # NLL fell to the parent's, its BLEU rose only 0.13 / 0.04: outside 0.3 (README)
-DISTILLED_PRESET_CONVERSIONS = tuple(
-    replace(conversion, name=tagged(conversion, seed, "kd"), flags=f"{conversion.flags} {DISTILLATION}",
-            teacher=CURRICULUM_SOFT_PARENT.name,
-            what=f"{conversion.name} with word-level distillation from {CURRICULUM_SOFT_PARENT.name} "
-                 f"(α = {DISTILL_WEIGHT:g})")
-    for seed, (conversion, _) in zip(PRESET_CONVERSION_SEEDS, PRESET_CONVERSIONS))
+DISTILLED_PRESET_CONVERSIONS = distilled_preset_conversions(
+    DISTILL_TAG, DISTILL_WEIGHT, None,
+    f"with word-level distillation from {CURRICULUM_SOFT_PARENT.name} (α = {DISTILL_WEIGHT:g})")
 # the same at a distillation temperature of 2: at T = 1 the parent's peaked
 # distributions may teach little beyond the references; softened, they rank
 # the alternatives the parent weighs. The same three seeds and controls,
@@ -334,12 +349,9 @@ DISTILLED_PRESET_CONVERSIONS = tuple(
 # controls: no better than at T = 1 (README)
 WARM_DISTILL_TEMPERATURE = 2.0
 WARM_DISTILL_TAG = f"kdt{WARM_DISTILL_TEMPERATURE:g}"  # in the runs' names: kdt2
-WARM_DISTILLED_PRESET_CONVERSIONS = tuple(
-    replace(distilled, name=tagged(conversion, seed, WARM_DISTILL_TAG),
-            flags=f"{distilled.flags} --distill-temperature {WARM_DISTILL_TEMPERATURE:g}",
-            what=f"{distilled.name} at a distillation temperature of {WARM_DISTILL_TEMPERATURE:g}")
-    for seed, distilled, (conversion, _) in zip(PRESET_CONVERSION_SEEDS, DISTILLED_PRESET_CONVERSIONS,
-                                                PRESET_CONVERSIONS))
+WARM_DISTILLED_PRESET_CONVERSIONS = distilled_preset_conversions(
+    WARM_DISTILL_TAG, DISTILL_WEIGHT, WARM_DISTILL_TEMPERATURE,
+    f"at a distillation temperature of {WARM_DISTILL_TEMPERATURE:g}", varies=DISTILL_TAG)
 # the same taught by the parent alone (α = 1: no reference term): the
 # references may pull the hard model toward what its argmax attention finds easy,
 # the parent toward what the soft model it must match predicts. At T = 2
@@ -348,13 +360,9 @@ WARM_DISTILLED_PRESET_CONVERSIONS = tuple(
 # worse on validation than α = 0.5 (README)
 TEACHER_ONLY_WEIGHT = 1.0
 TEACHER_ONLY_TAG = f"{WARM_DISTILL_TAG}w{TEACHER_ONLY_WEIGHT:g}"  # in the runs' names: kdt2w1
-TEACHER_ONLY_PRESET_CONVERSIONS = tuple(
-    replace(warm, name=tagged(conversion, seed, TEACHER_ONLY_TAG),
-            flags=f"{conversion.flags} {distillation(TEACHER_ONLY_WEIGHT)} "
-                  f"--distill-temperature {WARM_DISTILL_TEMPERATURE:g}",
-            what=f"{warm.name} with the parent's term alone (α = {TEACHER_ONLY_WEIGHT:g})")
-    for seed, warm, (conversion, _) in zip(PRESET_CONVERSION_SEEDS, WARM_DISTILLED_PRESET_CONVERSIONS,
-                                           PRESET_CONVERSIONS))
+TEACHER_ONLY_PRESET_CONVERSIONS = distilled_preset_conversions(
+    TEACHER_ONLY_TAG, TEACHER_ONLY_WEIGHT, WARM_DISTILL_TEMPERATURE,
+    f"with the parent's term alone (α = {TEACHER_ONLY_WEIGHT:g})", varies=WARM_DISTILL_TAG)
 # and the curriculum's own hard seed given the same 5 epochs hard (its
 # curriculum done: the restarted update count would run it again): does the
 # parity at 25 epochs hold where soft gains from 5 more?
