@@ -1,5 +1,6 @@
 """Runs fairseq's console scripts for the tests without paying their ~3 s of
-imports each time: this process imports torch and fairseq once, then forks a
+imports each time: this process imports torch and fairseq once (and
+torch._dynamo, which torch's first optimizer would import), then forks a
 child per command, and the child runs the console script as a fresh
 interpreter would (its own argv, cwd, stdin/stdout/stderr files, exit code,
 ``sys.excepthook`` for an uncaught exception, atexit handlers). The plugin and
@@ -74,6 +75,7 @@ def serve():
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # stdout is the children's, not the protocol's
     import torch  # noqa: F401  (the imports every child shares)
     import fairseq  # noqa: F401
+    import torch._dynamo  # noqa: F401  (torch.optim's lazy import: ~2 s of every training)
     for line in sys.stdin:
         request = json.loads(line)
         sys.stdout.flush()

@@ -21,7 +21,7 @@ ARCHS = fairseq_hardattn.registered_architectures()
 def interactive(data, checkpoint, lines, *extra):
     return run_cli(
         "fairseq-interactive", data, "--user-dir", USER_DIR, "--path", checkpoint, "--cpu",
-        "--beam", 4, "--source-lang", "src", "--target-lang", "tgt", *extra,
+        "--beam", 4, "--max-len-b", 20, "--source-lang", "src", "--target-lang", "tgt", *extra,
         check=False, input="\n".join(lines) + "\n",
     )
 

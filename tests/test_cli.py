@@ -194,10 +194,11 @@ def test_console_scripts_in_the_forkserver_behave_as_fresh_processes(trained_che
 
     commands = [
         ("fairseq-generate", reorder_data, "--user-dir", USER_DIR, "--path",
-         trained_checkpoints["hard"], "--beam", 4, "--cpu", "--print-alignment"),
+         trained_checkpoints["hard"], "--beam", 4, "--cpu", "--print-alignment",
+         "--max-len-b", 20),
         ("fairseq-interactive", reorder_data, "--user-dir", USER_DIR, "--path",
          trained_checkpoints["soft"], "--beam", 2, "--cpu", "--source-lang", "src",
-         "--target-lang", "tgt"),
+         "--target-lang", "tgt", "--max-len-b", 20),
         ("fairseq-train", reorder_data, "--arch", "transformer_hard_dec", *TRAIN_FLAGS,
          *TINY_DIM_FLAGS, "--max-update", 1, "--save-dir", tmp_path, "--no-save"),
         ("fairseq-train", reorder_data, "--arch", "transformer_hard_dec", *TRAIN_FLAGS,

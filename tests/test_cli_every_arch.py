@@ -17,7 +17,10 @@ import fairseq_hardattn
 from conftest import TEST_SENTENCES, USER_DIR, generate, hypotheses, run_cli, train
 
 ARCHS = fairseq_hardattn.registered_architectures()
-BLEU_FLAGS = ["--eval-bleu", "--eval-bleu-args", '{"beam": 4}', "--batch-size-valid", "7"]
+# outputs capped as in conftest.generate: an untrained model never emits EOS,
+# and fairseq's default cap (200 tokens) would make decoding most of each test
+BLEU_FLAGS = ["--eval-bleu", "--eval-bleu-args", '{"beam": 4, "max_len_b": 20}',
+              "--batch-size-valid", "7"]
 
 
 def check_alignments(stdout, sources):
@@ -50,8 +53,8 @@ def test_every_entry_point(arch, reorder_data, tmp_path):
 
     lines = ["s1 s2 s3", "s4 s5 s6 s7 s8", "s9"]
     proc = run_cli("fairseq-interactive", reorder_data, "--user-dir", USER_DIR, "--path",
-                   checkpoint, "--cpu", "--beam", 4, "--source-lang", "src", "--target-lang",
-                   "tgt", "--print-alignment", input="\n".join(lines) + "\n")
+                   checkpoint, "--cpu", "--beam", 4, "--max-len-b", 20, "--source-lang", "src",
+                   "--target-lang", "tgt", "--print-alignment", input="\n".join(lines) + "\n")
     assert sorted(check_alignments(proc.stdout, {str(i): line for i, line in enumerate(lines)})) == ["0", "1", "2"]
 
     hub = TransformerModel.from_pretrained(
