@@ -42,6 +42,11 @@ def _manifest():
 
 
 EXPERIMENTS = _manifest()  # the runs, fine-tunings, decodes, benchmarks and table rows
+# the benchmarks whose rows the table marks as measured later (‡)
+LATER_SPEED_BENCHMARKS = (EXPERIMENTS.TABLE_SPEED_BENCHMARKS[1:]
+                          + EXPERIMENTS.TABLE_BASE_SPEED_BENCHMARKS[1:])
+
+
 def load(path):
     return json.loads(Path(path).read_text()) if Path(path).is_file() else None
 
@@ -94,6 +99,16 @@ def collect(work, scores):
 
 def by_model(benchmark):
     return {r["model"]: r for r in benchmark["results"]} if benchmark else {}
+
+
+def speed_columns(results, names):
+    """The benchmarks ``names`` feeding one speed column of the table: the first
+    one, its rows by model, and the rows only a later one measured (marked ‡)."""
+    benchmarks = [load(results / f"{name}.json") for name in names]
+    later = {}
+    for benchmark in reversed(benchmarks[1:]):
+        later.update(by_model(benchmark))
+    return benchmarks[0], by_model(benchmarks[0]), later
 
 
 def fmt(value, spec, missing="—"):
@@ -311,15 +326,10 @@ def main(argv=None):
                     f"{parser.prog}: error: {work} was trained with another budget than the records "
                     f"in {scores} (budget.json): not merging its scores into the tables (--print "
                     "shows them; --reference adds them as a second table)\n")
-    speed_benchmarks = [load(results / f"{name}.json") for name in EXPERIMENTS.TABLE_SPEED_BENCHMARKS]
-    small_benchmark, base_benchmark = speed_benchmarks[0], load(results / "speed_base.json")
-    small, base = by_model(small_benchmark), by_model(base_benchmark)
+    small_benchmark, small, small_later = speed_columns(results, EXPERIMENTS.TABLE_SPEED_BENCHMARKS)
+    base_benchmark, base, base_later = speed_columns(results, EXPERIMENTS.TABLE_BASE_SPEED_BENCHMARKS)
     gpu_benchmark = load(results / f"{EXPERIMENTS.TABLE_GPU_BENCHMARK}.json")
     gpu = by_model(gpu_benchmark)
-    # rows the first benchmark did not measure, from a later one (marked ‡)
-    later = {}
-    for benchmark in reversed(speed_benchmarks[1:]):
-        later.update(by_model(benchmark))
     memory = {}
     for r in (load(results / "memory.json") or {}).get("results", []):
         memory.setdefault(r["arch"], {})[r["workload"]] = r["peak_mb"]
@@ -330,10 +340,11 @@ def main(argv=None):
         bleu = load(scores / f"{name}.json")
         if bleu is None and name not in small and not (short and short.get(name)):
             continue
-        measured_later = name not in small and name in later
-        any_measured_later = any_measured_later or measured_later
-        speed = later[name] if measured_later else small.get(name, {})
-        base_arch = base.get(name, {})
+        measured_later = name not in small and name in small_later
+        base_measured_later = name not in base and name in base_later
+        any_measured_later = any_measured_later or measured_later or base_measured_later
+        speed = small_later[name] if measured_later else small.get(name, {})
+        base_arch = base_later[name] if base_measured_later else base.get(name, {})
         arch_name = arch.split()[0]
         # profiled per preset: rows with extra flags or switches are other models
         mem = memory.get(arch_name, {}) if arch == arch_name else {}
@@ -358,7 +369,7 @@ def main(argv=None):
             f"{fmt(record['params'] and record['params'] / 1e6, '.2f')} | "
             f"{fmt(record['sentences_per_s'], '.1f')}{'‡' * measured_later} | {fmt(record['speed_vs_soft'], '.2f')}{'x' if record['speed_vs_soft'] else ''} | "
             f"{fmt(record['pct_of_attention_free_limit'], '.0f')}{'%' if record['pct_of_attention_free_limit'] else ''} | "
-            f"{fmt(record['base_speed_vs_soft'], '.2f')}{'x' if record['base_speed_vs_soft'] else ''} | "
+            f"{fmt(record['base_speed_vs_soft'], '.2f')}{'x' if record['base_speed_vs_soft'] else ''}{'‡' * base_measured_later} | "
             f"{fmt(record['gpu_speed_vs_fairseq'], '.2f')}{'x' if record['gpu_speed_vs_fairseq'] else ''} | "
             f"{fmt(record['train_speed_vs_soft'], '.2f')}{'x' if record['train_speed_vs_soft'] else ''} | "
             f"{fmt(record['peak_mb_train'], '.0f')} / {fmt(record['peak_mb_decode'], '.0f')} |")
@@ -374,7 +385,7 @@ def main(argv=None):
     notes = ("\nMulti30k en-de test2016 (1000 sentences), small preset (4+4 layers, d=128, FFN 256, "
              f"4 heads), {budget_note(scores)}. {speed_note(small_benchmark, base_benchmark)} "
              f"{gpu_note(gpu_benchmark)} "
-             + (f"‡: measured later with the same settings ({', '.join(EXPERIMENTS.TABLE_SPEED_BENCHMARKS[1:])}"
+             + (f"‡: measured later with the same settings ({', '.join(LATER_SPEED_BENCHMARKS)}"
                 "; its ratios are to the soft baseline of that run). " if any_measured_later else "")
              + (f"sacreBLEU signature: `{signature}`." if signature else "")
              + (f" \"Short budget\": test2016 BLEU of the same recipe with a shorter budget "

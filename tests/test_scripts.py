@@ -243,6 +243,13 @@ def test_results_table_fills_the_readme_markers(tmp_path):
         {"model": "soft", "params": 2_000_000, "sentences_per_s_median": 40.0, "decode_speedup": 1.0},
         {"model": "soft_pre", "params": 2_100_000, "sentences_per_s_median": 41.0,
          "decode_speedup": 1.025}]}))
+    # the Base-dims column likewise: from speed_base, else from a later benchmark, marked
+    base_settings = dict(settings, sentences=128)
+    (results / "speed_base.json").write_text(json.dumps({"settings": base_settings, "results": [
+        {"model": "soft", "decode_speedup": 1.0}, {"model": "hard", "decode_speedup": 1.09}]}))
+    (results / "speed_base_parity.json").write_text(json.dumps({"settings": base_settings, "results": [
+        {"model": "soft", "decode_speedup": 1.0}, {"model": "hard", "decode_speedup": 1.5},
+        {"model": "soft_pre", "decode_speedup": 1.05}]}))
     readme = tmp_path / "README.md"
     readme.write_text("# title\n<!-- results:start -->\nold\n<!-- results:end -->\nrest\n")
     script("results_table.py", work, results, "--readme", readme)
@@ -250,7 +257,8 @@ def test_results_table_fills_the_readme_markers(tmp_path):
     assert "old" not in text and text.startswith("# title\n") and text.endswith("rest\n")
     assert "| `hard` |" in text and "29.25" in text and "1.20x" in text and "84%" in text
     assert "| 2.00 | 50.0 | 1.00x |" in text  # soft from speed_small
-    assert "| 2.10 | 41.0‡ | 1.02x |" in text and "‡: measured later" in text
+    assert "| 2.10 | 41.0‡ | 1.02x | — | 1.05x‡ |" in text and "‡: measured later" in text
+    assert "| 1.20x | 84% | 1.09x | — |" in text  # hard: speed_base's, not the later one's
     assert "3 epochs of 512-token batches" in text
     assert "first 10 test sentences, exactly 20 output tokens each with beam 4, batch 5" in text
     assert "| 4.5 | 70% | 30.00 |" in text  # CPS, fewer score computations than global, BLEU

@@ -779,6 +779,8 @@ class Benchmark:
 _TRAINED = ("fairseq",) + tuple(run.name for run in RUNS) + (
     "flexible_ft", "flexible_band_ft", "flexible_gate32_band_ft", "fairseq_cross_self")
 _SMALL_TEST = "--beam 4 --batch-size 64 --max-sentences 384 --fixed-output-len 20 --reps 5 --threads 1"
+_BASE_TEST = ("--beam 4 --batch-size 64 --max-sentences 128 --fixed-output-len 20 --reps 3 "
+              "--threads 1 --sublayer-times")
 _BASE_WINDOWED = ("--arch soft=transformer_soft --arch fairseq=transformer "
                   "--arch local=transformer_local --arch flexible=transformer_flexible")
 BENCHMARKS = (
@@ -826,8 +828,14 @@ BENCHMARKS = (
               "--arch aan_no_ffn=transformer_aan --override aan_no_ffn={'aan_ffn_dim':0} "
               "--arch local=transformer_local --arch flexible=transformer_flexible "
               "--override flexible={'flexible_mean_source_length':14.4} "
-              "--baseline soft --beam 4 --batch-size 64 --max-sentences 128 --fixed-output-len 20 "
-              "--reps 3 --threads 1 --sublayer-times", data=True),
+              f"--baseline soft {_BASE_TEST}", data=True),
+    # the parity recipe's presets at Base dims (8 heads there, as the curriculum's),
+    # measured later, with the same settings beside soft, fairseq and hard
+    Benchmark("speed_base_parity", "speed_base's settings for the parity presets (pre-norm) beside "
+              "soft, fairseq and hard (measured later)",
+              "--arch soft=transformer_soft --arch fairseq=transformer --arch hard=transformer_hard_dec "
+              "--arch soft_pre=transformer_soft_prenorm --arch hard_pre_argmax=transformer_hard_dec_prenorm "
+              f"--baseline soft {_BASE_TEST}", data=True),
     # Base dims with long sources: where skipping source positions matters
     Benchmark("speed_base_long_sources",
               "Base dims, 100-token sources: where skipping source positions pays",
@@ -866,6 +874,8 @@ BENCHMARKS = (
 
 # the main table's speed columns: each row from the first of these that measured it
 TABLE_SPEED_BENCHMARKS = ("speed_small", "speed_small_parity", "speed_small_curriculum")
+# and its Base-dims column
+TABLE_BASE_SPEED_BENCHMARKS = ("speed_base", "speed_base_parity")
 
 
 def _gpu_models(src_len):
