@@ -779,8 +779,14 @@ class Benchmark:
 _TRAINED = ("fairseq",) + tuple(run.name for run in RUNS) + (
     "flexible_ft", "flexible_band_ft", "flexible_gate32_band_ft", "fairseq_cross_self")
 _SMALL_TEST = "--beam 4 --batch-size 64 --max-sentences 384 --fixed-output-len 20 --reps 5 --threads 1"
-_BASE_TEST = ("--beam 4 --batch-size 64 --max-sentences 128 --fixed-output-len 20 --reps 3 "
-              "--threads 1 --sublayer-times")
+
+
+def _base_test(reps=3):
+    """The Base-dims benchmarks' decoding settings: 128 test sources, 20 output tokens."""
+    return (f"--beam 4 --batch-size 64 --max-sentences 128 --fixed-output-len 20 --reps {reps} "
+            "--threads 1 --sublayer-times")
+
+
 _BASE_PARITY_ARCHS = ("--arch soft=transformer_soft --arch fairseq=transformer --arch hard=transformer_hard_dec "
                       "--arch soft_pre=transformer_soft_prenorm "
                       "--arch hard_pre_argmax=transformer_hard_dec_prenorm")
@@ -831,16 +837,15 @@ BENCHMARKS = (
               "--arch aan_no_ffn=transformer_aan --override aan_no_ffn={'aan_ffn_dim':0} "
               "--arch local=transformer_local --arch flexible=transformer_flexible "
               "--override flexible={'flexible_mean_source_length':14.4} "
-              f"--baseline soft {_BASE_TEST}", data=True),
+              f"--baseline soft {_base_test()}", data=True),
     # the parity recipe's presets at Base dims (8 heads there, as the curriculum's),
     # measured later, with the same settings beside soft, fairseq and hard
     Benchmark("speed_base_parity", "speed_base's settings for the parity presets (pre-norm) beside "
               "soft, fairseq and hard (measured later)",
-              f"{_BASE_PARITY_ARCHS} --baseline soft {_BASE_TEST}", data=True),
+              f"{_BASE_PARITY_ARCHS} --baseline soft {_base_test()}", data=True),
     # its 3 repetitions left the pre-norm pair inside this VM's noise (min-max overlapping)
     Benchmark("speed_base_parity_7reps", "speed_base_parity with 7 repetitions instead of 3",
-              f"{_BASE_PARITY_ARCHS} --baseline soft {_BASE_TEST.replace('--reps 3', '--reps 7')}",
-              data=True),
+              f"{_BASE_PARITY_ARCHS} --baseline soft {_base_test(reps=7)}", data=True),
     # Base dims with long sources: where skipping source positions matters
     Benchmark("speed_base_long_sources",
               "Base dims, 100-token sources: where skipping source positions pays",
