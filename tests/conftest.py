@@ -221,10 +221,15 @@ def train(data, save_dir, arch, *extra, updates=3):
     )
 
 
+# the output cap of the tests' decoding commands: an untrained model never emits
+# EOS, and fairseq's default cap (200 tokens) would make decoding most of a test
+MAX_LEN_B = 20
+
+
 def generate(data, checkpoint, *extra, check=True):
     return run_cli(
         "fairseq-generate", data, "--user-dir", USER_DIR, "--path", checkpoint,
-        "--beam", 4, "--batch-size", 8, "--cpu", "--max-len-b", 20, *extra,
+        "--beam", 4, "--batch-size", 8, "--cpu", "--max-len-b", MAX_LEN_B, *extra,
         check=check,
     )
 

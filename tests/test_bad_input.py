@@ -13,7 +13,7 @@ from fairseq_hardattn.modules import (
     LocalAttention,
 )
 
-from conftest import USER_DIR, build_model, generate, make_dictionary, run_cli
+from conftest import MAX_LEN_B, USER_DIR, build_model, generate, make_dictionary, run_cli
 
 ARCHS = fairseq_hardattn.registered_architectures()
 
@@ -21,7 +21,7 @@ ARCHS = fairseq_hardattn.registered_architectures()
 def interactive(data, checkpoint, lines, *extra):
     return run_cli(
         "fairseq-interactive", data, "--user-dir", USER_DIR, "--path", checkpoint, "--cpu",
-        "--beam", 4, "--max-len-b", 20, "--source-lang", "src", "--target-lang", "tgt", *extra,
+        "--beam", 4, "--max-len-b", MAX_LEN_B, "--source-lang", "src", "--target-lang", "tgt", *extra,
         check=False, input="\n".join(lines) + "\n",
     )
 

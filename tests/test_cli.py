@@ -8,6 +8,7 @@ from fairseq import checkpoint_utils, tasks
 from fairseq_hardattn.modules import HardRetrievalAttention
 
 from conftest import (
+    MAX_LEN_B,
     TEST_SENTENCES,
     TINY_DIM_FLAGS,
     TRAIN_FLAGS,
@@ -195,10 +196,10 @@ def test_console_scripts_in_the_forkserver_behave_as_fresh_processes(trained_che
     commands = [
         ("fairseq-generate", reorder_data, "--user-dir", USER_DIR, "--path",
          trained_checkpoints["hard"], "--beam", 4, "--cpu", "--print-alignment",
-         "--max-len-b", 20),
+         "--max-len-b", MAX_LEN_B),
         ("fairseq-interactive", reorder_data, "--user-dir", USER_DIR, "--path",
          trained_checkpoints["soft"], "--beam", 2, "--cpu", "--source-lang", "src",
-         "--target-lang", "tgt", "--max-len-b", 20),
+         "--target-lang", "tgt", "--max-len-b", MAX_LEN_B),
         ("fairseq-train", reorder_data, "--arch", "transformer_hard_dec", *TRAIN_FLAGS,
          *TINY_DIM_FLAGS, "--max-update", 1, "--save-dir", tmp_path, "--no-save"),
         ("fairseq-train", reorder_data, "--arch", "transformer_hard_dec", *TRAIN_FLAGS,

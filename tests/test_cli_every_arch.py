@@ -6,6 +6,7 @@ save, ``fairseq-generate`` and ``fairseq-interactive`` with
 ``translate`` with other beam sizes before and after, ``sample``,
 ``generate(print_alignment=...)``)."""
 
+import json
 import re
 
 import pytest
@@ -14,12 +15,10 @@ from fairseq.models.transformer import TransformerModel
 
 import fairseq_hardattn
 
-from conftest import TEST_SENTENCES, USER_DIR, generate, hypotheses, run_cli, train
+from conftest import MAX_LEN_B, TEST_SENTENCES, USER_DIR, generate, hypotheses, run_cli, train
 
 ARCHS = fairseq_hardattn.registered_architectures()
-# outputs capped as in conftest.generate: an untrained model never emits EOS,
-# and fairseq's default cap (200 tokens) would make decoding most of each test
-BLEU_FLAGS = ["--eval-bleu", "--eval-bleu-args", '{"beam": 4, "max_len_b": 20}',
+BLEU_FLAGS = ["--eval-bleu", "--eval-bleu-args", json.dumps({"beam": 4, "max_len_b": MAX_LEN_B}),
               "--batch-size-valid", "7"]
 
 
@@ -53,7 +52,7 @@ def test_every_entry_point(arch, reorder_data, tmp_path):
 
     lines = ["s1 s2 s3", "s4 s5 s6 s7 s8", "s9"]
     proc = run_cli("fairseq-interactive", reorder_data, "--user-dir", USER_DIR, "--path",
-                   checkpoint, "--cpu", "--beam", 4, "--max-len-b", 20, "--source-lang", "src",
+                   checkpoint, "--cpu", "--beam", 4, "--max-len-b", MAX_LEN_B, "--source-lang", "src",
                    "--target-lang", "tgt", "--print-alignment", input="\n".join(lines) + "\n")
     assert sorted(check_alignments(proc.stdout, {str(i): line for i, line in enumerate(lines)})) == ["0", "1", "2"]
 

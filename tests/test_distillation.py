@@ -13,7 +13,7 @@ import torch
 from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
 from fairseq.data import Dictionary, data_utils
 
-from conftest import TinyTask, build_model, make_dictionary, random_batch, tool_env, train
+from conftest import MAX_LEN_B, TinyTask, build_model, make_dictionary, random_batch, tool_env, train
 from fairseq_hardattn.criterions.label_smoothed_cross_entropy_with_distillation import (
     LabelSmoothedCrossEntropyWithDistillationCriterion as Distillation,
 )
@@ -151,7 +151,7 @@ def test_the_distilled_corpus_pairs_each_training_source_with_the_teachers_trans
         trained_checkpoints, reorder_data, tmp_path):
     out = tmp_path / "kd"
     proc = distill_cli(reorder_data, trained_checkpoints["soft"], out, "--", "--cpu",
-                       "--max-len-b", 20)
+                       "--max-len-b", MAX_LEN_B)
     assert "translating the training set" in proc.stderr
     distilled = out / "data-bin"
     sources, _ = read_split(reorder_data, "train", "src")
