@@ -111,6 +111,14 @@ def speed_columns(results, names):
     return benchmarks[0], by_model(benchmarks[0]), later
 
 
+def speed_row(name, first, later):
+    """``name``'s row of one speed column and whether it was measured later (‡):
+    the first benchmark's row, else a later one's, else none."""
+    if name in first:
+        return first[name], False
+    return later.get(name, {}), name in later
+
+
 def fmt(value, spec, missing="—"):
     return missing if value is None else format(value, spec)
 
@@ -340,11 +348,9 @@ def main(argv=None):
         bleu = load(scores / f"{name}.json")
         if bleu is None and name not in small and not (short and short.get(name)):
             continue
-        measured_later = name not in small and name in small_later
-        base_measured_later = name not in base and name in base_later
+        speed, measured_later = speed_row(name, small, small_later)
+        base_arch, base_measured_later = speed_row(name, base, base_later)
         any_measured_later = any_measured_later or measured_later or base_measured_later
-        speed = small_later[name] if measured_later else small.get(name, {})
-        base_arch = base_later[name] if base_measured_later else base.get(name, {})
         arch_name = arch.split()[0]
         # profiled per preset: rows with extra flags or switches are other models
         mem = memory.get(arch_name, {}) if arch == arch_name else {}

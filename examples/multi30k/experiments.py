@@ -787,11 +787,12 @@ def _base_test(reps=3):
             "--threads 1 --sublayer-times")
 
 
-_BASE_PARITY_ARCHS = ("--arch soft=transformer_soft --arch fairseq=transformer --arch hard=transformer_hard_dec "
+# the Base-dims benchmarks' baseline and fairseq's own model beside it
+_BASE_PEERS = "--arch soft=transformer_soft --arch fairseq=transformer"
+_BASE_PARITY_ARCHS = (f"{_BASE_PEERS} --arch hard=transformer_hard_dec "
                       "--arch soft_pre=transformer_soft_prenorm "
                       "--arch hard_pre_argmax=transformer_hard_dec_prenorm")
-_BASE_WINDOWED = ("--arch soft=transformer_soft --arch fairseq=transformer "
-                  "--arch local=transformer_local --arch flexible=transformer_flexible")
+_BASE_WINDOWED = f"{_BASE_PEERS} --arch local=transformer_local --arch flexible=transformer_flexible"
 BENCHMARKS = (
     # the trained checkpoints, the test set, 20 output tokens for every model:
     # the cost of the mechanisms, not of how long each model's translations are
@@ -830,7 +831,7 @@ BENCHMARKS = (
                "flexible_gate32_band_ft", "hard"), True),
     # Transformer Base dims, random weights, the test sources, 20 generated tokens each
     Benchmark("speed_base", "decoding speed at Transformer Base dims (random weights)",
-              "--arch soft=transformer_soft --arch fairseq=transformer --arch hard=transformer_hard_dec "
+              f"{_BASE_PEERS} --arch hard=transformer_hard_dec "
               "--arch cross_self=transformer_cross_self --arch fairseq_cross_self=transformer "
               "--override fairseq_cross_self={'cross_self_attention':True,'no_cross_attention':True} "
               "--arch hard_cross_self=transformer_hard_cross_self --arch aan=transformer_aan "
@@ -874,7 +875,7 @@ BENCHMARKS = (
     # self-attention's cost grows with the target prefix, the average attention network's not
     Benchmark("speed_base_long_outputs",
               "Base dims, 60 output tokens: where a constant-cost decoder step pays",
-              "--arch soft=transformer_soft --arch fairseq=transformer --arch aan=transformer_aan "
+              f"{_BASE_PEERS} --arch aan=transformer_aan "
               "--arch aan_no_ffn=transformer_aan "
               "--override aan_no_ffn={'aan_ffn_dim':0} --arch cross_self=transformer_cross_self "
               "--arch hard=transformer_hard_dec --baseline soft --beam 4 --batch-size 64 "
