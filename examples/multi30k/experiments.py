@@ -313,7 +313,7 @@ PARENT_CONVERSIONS = tuple(
 # NLL still falls at its last epoch while its control's rises, and the 60-epoch
 # conversion at 3e-4 trailed further than at 1e-3. Each with its control at the
 # same lr; the same three seeds, declared before they trained. It did worse
-# than at 1e-3, and its controls worse still (README)
+# than at 1e-3, and its controls worse still (HARD_PARITY.md)
 BRISK_LR = 2e-3
 BRISK_LR_TAG = f"lr{BRISK_LR:.0e}".replace("e-0", "e")  # in the runs' names: lr2e3
 
@@ -351,7 +351,7 @@ def distilled_preset_conversions(tag: str, weight: float, temperature, change: s
 # carry what the hard model loses when its attention changes under it, at no
 # more training updates. Scored against the same seeds' controls (trained for
 # PRESET_CONVERSIONS); the same three seeds, declared before they trained. Its
-# NLL fell to the parent's, its BLEU rose only 0.13 / 0.04: outside 0.3 (README)
+# NLL fell to the parent's, its BLEU rose only 0.13 / 0.04: outside 0.3 (HARD_PARITY.md)
 DISTILLED_PRESET_CONVERSIONS = distilled_preset_conversions(
     DISTILL_TAG, DISTILL_WEIGHT, None,
     f"with word-level distillation from {CURRICULUM_SOFT_PARENT.name} (α = {DISTILL_WEIGHT:g})")
@@ -359,7 +359,7 @@ DISTILLED_PRESET_CONVERSIONS = distilled_preset_conversions(
 # distributions may teach little beyond the references; softened, they rank
 # the alternatives the parent weighs. The same three seeds and controls,
 # declared before they trained. NLL lower still, BLEU −0.48 / −0.57 from the
-# controls: no better than at T = 1 (README)
+# controls: no better than at T = 1 (HARD_PARITY.md)
 WARM_DISTILL_TEMPERATURE = 2.0
 WARM_DISTILL_TAG = f"kdt{WARM_DISTILL_TEMPERATURE:g}"  # in the runs' names: kdt2
 WARM_DISTILLED_PRESET_CONVERSIONS = distilled_preset_conversions(
@@ -370,7 +370,7 @@ WARM_DISTILLED_PRESET_CONVERSIONS = distilled_preset_conversions(
 # the parent toward what the soft model it must match predicts. At T = 2
 # (nearest on validation); the same three seeds and controls, declared before
 # they trained. NLL lower still, BLEU −1.00 / −0.39 from the controls:
-# worse on validation than α = 0.5 (README)
+# worse on validation than α = 0.5 (HARD_PARITY.md)
 TEACHER_ONLY_WEIGHT = 1.0
 TEACHER_ONLY_TAG = f"{WARM_DISTILL_TAG}w{TEACHER_ONLY_WEIGHT:g}"  # in the runs' names: kdt2w1
 TEACHER_ONLY_PRESET_CONVERSIONS = distilled_preset_conversions(
