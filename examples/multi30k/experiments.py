@@ -701,8 +701,9 @@ PARITY_PAIRS = (("hard", "soft"), ("hard_pre", "soft_pre"), ("hard_pre_argmax", 
                 (HARD_PRE_ARGMAX_DROP02_H8_ANNEAL.name, SOFT_PRE_DROP02.name),
                 (H8_CONVERSION.name, H8_CONTROL.name), (H8_CONVERSION.name, SOFT_PRE_DROP01_H8.name),
                 *against_controls_and_parent(conversion for conversion, _ in PRESET_CONVERSIONS),
+                # against their controls only: their parents were retrained for them, and the
+                # seed-3 retrain did not reproduce the parent's committed record (HARD_PARITY.md)
                 *((conversion.name, control.name) for conversion, control in PARENT_CONVERSIONS),
-                *((conversion.name, conversion.start) for conversion, _ in PARENT_CONVERSIONS),
                 (CURRICULUM_HARD_MORE.name, PRESET_CONVERSIONS[0][1].name),
                 *((conversion.name, control.name) for conversion, control in BRISK_PRESET_CONVERSIONS),
                 *((brisk.name, control.name) for (brisk, _), (_, control) in zip(BRISK_PRESET_CONVERSIONS,
