@@ -275,13 +275,10 @@ H8_CONTROL = soft_epochs_from("soft_pre_drop01_h8_more", SOFT_PRE_DROP01_H8,
 CURRICULUM_LAST_HARD, CURRICULUM_SOFT_PARENT = CURRICULUM_RESEEDS[-1]
 
 
-def preset_conversion(seed: int, parent: Run = CURRICULUM_SOFT_PARENT,
-                      names: Tuple[str, str] = ()) -> Tuple[FineTune, FineTune]:
+def preset_conversion(parent: Run, seed: int, conversion_name: str,
+                      control_name: str) -> Tuple[FineTune, FineTune]:
     """``parent`` (a curriculum soft seed) converted with the curriculum preset,
-    fine-tuned with ``seed``, and its control: the same 5 epochs soft; ``names``
-    (conversion, control), by default the seed's of CURRICULUM_SOFT_PARENT."""
-    conversion_name, control_name = names or (f"hard_pre_argmax_from_soft_drop01_h8_anneal_s{seed}",
-                                              f"soft_pre_drop01_h8_more_s{seed}")
+    fine-tuned with ``seed``, and its control: the same 5 epochs soft."""
     flags = f"{SOFT_PRE_DROP01_H8.flags} --seed {seed}"
     conversion = FineTune(
         conversion_name, parent.name,
@@ -298,15 +295,18 @@ def preset_conversion(seed: int, parent: Run = CURRICULUM_SOFT_PARENT,
 
 
 PRESET_CONVERSION_SEEDS = (4, 5, 6)
-PRESET_CONVERSIONS = tuple(preset_conversion(seed) for seed in PRESET_CONVERSION_SEEDS)
+PRESET_CONVERSIONS = tuple(
+    preset_conversion(CURRICULUM_SOFT_PARENT, seed, f"hard_pre_argmax_from_soft_drop01_h8_anneal_s{seed}",
+                      f"soft_pre_drop01_h8_more_s{seed}")
+    for seed in PRESET_CONVERSION_SEEDS)
 # the same conversion from the curriculum's other soft seeds, each fine-tuned
 # with its parent's seed beside its control: the three above share one
 # parent, so their spread is the fine-tuning's, not the parent's (is that
 # parent's gap typical?). Declared before they trained; seed 3 first
 PARENT_SEEDS = (3, 2)
 PARENT_CONVERSIONS = tuple(
-    preset_conversion(seed, reseeded(SOFT_PRE_DROP01_H8, seed),
-                      (f"hard_pre_argmax_from_soft_drop01_h8_s{seed}_anneal", f"soft_pre_drop01_h8_s{seed}_more"))
+    preset_conversion(reseeded(SOFT_PRE_DROP01_H8, seed), seed,
+                      f"hard_pre_argmax_from_soft_drop01_h8_s{seed}_anneal", f"soft_pre_drop01_h8_s{seed}_more")
     for seed in PARENT_SEEDS)
 # the preset conversion at the peak lr where its parent's training ended
 # (0.004 · √(800 / 3,100) ≈ 2e-3) rather than half of it: its hard validation
