@@ -130,6 +130,15 @@ def test_the_cooling_option_reaches_every_hard_retrieval_module():
     assert all(m.cooling_updates == 40 and m.sampling_temperature() == 0.75 for m in hard)
 
 
+def test_the_sharpening_option_reaches_every_hard_retrieval_module():
+    model = build_model("transformer_hard_dec_anneal_small", hard_anneal_updates=0,
+                        hard_sharpening_updates=40)
+    hard = [m for m in model.modules() if isinstance(m, HardRetrievalAttention)]
+    assert len(hard) == 2 * model.decoder.num_layers
+    model.set_num_updates(10)
+    assert all(m.sharpening_updates == 40 and m.sharpening_temperature() == 0.75 for m in hard)
+
+
 def test_the_entropy_penalty_reaches_every_hard_retrieval_module():
     model = build_model("transformer_hard_dec_prenorm_small", hard_entropy_penalty=0.01)
     hard = [m for m in model.modules() if isinstance(m, HardRetrievalAttention)]
@@ -141,6 +150,9 @@ def test_the_entropy_penalty_reaches_every_hard_retrieval_module():
     (dict(hard_cooling_updates=-1), "--hard-cooling-updates must be >= 0, got -1"),
     (dict(hard_cooling_updates=10, hard_train_retrieval="sample"),
      "--hard-cooling-updates cools sampling into the argmax: it needs --hard-train-retrieval argmax"),
+    (dict(hard_sharpening_updates=-1), "--hard-sharpening-updates must be >= 0, got -1"),
+    (dict(hard_sharpening_updates=10, hard_anneal_updates=10),
+     "--hard-sharpening-updates replaces the --hard-anneal-updates"),
 ])
 def test_cooling_options_are_config_errors(overrides, message):
     with pytest.raises(ConfigError, match=message):

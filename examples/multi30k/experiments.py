@@ -275,17 +275,28 @@ H8_CONTROL = soft_epochs_from("soft_pre_drop01_h8_more", SOFT_PRE_DROP01_H8,
 CURRICULUM_LAST_HARD, CURRICULUM_SOFT_PARENT = CURRICULUM_RESEEDS[-1]
 
 
-def preset_conversion(parent: Run, seed: int, conversion_name: str,
-                      control_name: str) -> Tuple[FineTune, FineTune]:
-    """``parent`` (a curriculum soft seed) converted with the curriculum preset,
-    fine-tuned with ``seed``, and its control: the same 5 epochs soft."""
+# how the preset conversions go from soft to hard: (options, description)
+ANNEAL_IN_CONVERSION = (CONVERSION_CURRICULUM, f"its curriculum over the first {CONVERSION_HALF_UPDATES} updates")
+
+
+def sharpening_in_conversion(updates: int) -> Tuple[str, str]:
+    """The sharpening curriculum over the first ``updates`` in place of the preset's anneal."""
+    return (f"--hard-anneal-updates 0 --hard-sharpening-updates {updates}",
+            f"the sharpening curriculum in place of its anneal, over the first {updates} updates")
+
+
+def preset_conversion(parent: Run, seed: int, conversion_name: str, control_name: str,
+                      curriculum: Tuple[str, str]) -> Tuple[FineTune, FineTune]:
+    """``parent`` (a curriculum soft seed) converted with the curriculum preset
+    going hard by ``curriculum``, fine-tuned with ``seed``, and its control:
+    the same 5 epochs soft."""
     flags = f"{SOFT_PRE_DROP01_H8.flags} --seed {seed}"
+    curriculum_options, curriculum_what = curriculum
     conversion = FineTune(
         conversion_name, parent.name,
-        "transformer_hard_dec_anneal_small", f"{flags} {CONVERSION_CURRICULUM}",
+        "transformer_hard_dec_anneal_small", f"{flags} {curriculum_options}",
         f"{parent.name} converted with the curriculum preset "
-        f"(transformer_hard_dec_anneal_small), its curriculum over the first {CONVERSION_HALF_UPDATES} updates "
-        f"(seed {seed})",
+        f"(transformer_hard_dec_anneal_small), {curriculum_what} (seed {seed})",
         **CONVERSION_SCHEDULE)
     control = replace(soft_epochs_from(
         control_name, parent,
@@ -297,7 +308,7 @@ def preset_conversion(parent: Run, seed: int, conversion_name: str,
 PRESET_CONVERSION_SEEDS = (4, 5, 6)
 PRESET_CONVERSIONS = tuple(
     preset_conversion(CURRICULUM_SOFT_PARENT, seed, f"hard_pre_argmax_from_soft_drop01_h8_anneal_s{seed}",
-                      f"soft_pre_drop01_h8_more_s{seed}")
+                      f"soft_pre_drop01_h8_more_s{seed}", ANNEAL_IN_CONVERSION)
     for seed in PRESET_CONVERSION_SEEDS)
 # the same conversion from the curriculum's other soft seeds, each fine-tuned
 # with its parent's seed beside its control: the three above share one
@@ -306,8 +317,24 @@ PRESET_CONVERSIONS = tuple(
 PARENT_SEEDS = (3, 2)
 PARENT_CONVERSIONS = tuple(
     preset_conversion(reseeded(SOFT_PRE_DROP01_H8, seed), seed,
-                      f"hard_pre_argmax_from_soft_drop01_h8_s{seed}_anneal", f"soft_pre_drop01_h8_s{seed}_more")
+                      f"hard_pre_argmax_from_soft_drop01_h8_s{seed}_anneal", f"soft_pre_drop01_h8_s{seed}_more",
+                      ANNEAL_IN_CONVERSION)
     for seed in PARENT_SEEDS)
+# the preset conversion going hard by sharpening instead (--hard-sharpening-updates:
+# every training row attends softly at a softmax temperature falling to the
+# argmax, so the forward pass itself approaches retrieval where the anneal mixes
+# soft and hard rows), over the first half of its updates or all of them (chosen
+# on validation); from the retrained seed-3 parent with its seed, against that
+# parent's control (the anneal's conversion there: −1.20 / −1.53). Declared
+# before they trained
+SHARPENING_SPANS = (CONVERSION_HALF_UPDATES, 2 * CONVERSION_HALF_UPDATES)
+SHARPENING_PARENT_SEED = PARENT_SEEDS[0]
+SHARPENING_CONTROL = PARENT_CONVERSIONS[0][1]
+SHARPENED_CONVERSIONS = tuple(
+    preset_conversion(reseeded(SOFT_PRE_DROP01_H8, SHARPENING_PARENT_SEED), SHARPENING_PARENT_SEED,
+                      f"hard_pre_argmax_from_soft_drop01_h8_s{SHARPENING_PARENT_SEED}_sharpen{updates}",
+                      SHARPENING_CONTROL.name, sharpening_in_conversion(updates))[0]
+    for updates in SHARPENING_SPANS)
 # the preset conversion at the peak lr where its parent's training ended
 # (0.004 · √(800 / 3,100) ≈ 2e-3) rather than half of it: its hard validation
 # NLL still falls at its last epoch while its control's rises, and the 60-epoch
@@ -441,6 +468,7 @@ FINETUNES = (
     H8_CONTROL,
     *(run for pair in PRESET_CONVERSIONS for run in pair),
     *(run for pair in PARENT_CONVERSIONS for run in pair),
+    *SHARPENED_CONVERSIONS,
     CURRICULUM_HARD_MORE,
     *(run for pair in BRISK_PRESET_CONVERSIONS for run in pair),
     *DISTILLED_PRESET_CONVERSIONS,
@@ -704,6 +732,7 @@ PARITY_PAIRS = (("hard", "soft"), ("hard_pre", "soft_pre"), ("hard_pre_argmax", 
                 # against their controls only: their parents were retrained for them, and the
                 # seed-3 retrain did not reproduce the parent's committed record (HARD_PARITY.md)
                 *((conversion.name, control.name) for conversion, control in PARENT_CONVERSIONS),
+                *((conversion.name, SHARPENING_CONTROL.name) for conversion in SHARPENED_CONVERSIONS),
                 (CURRICULUM_HARD_MORE.name, PRESET_CONVERSIONS[0][1].name),
                 *((conversion.name, control.name) for conversion, control in BRISK_PRESET_CONVERSIONS),
                 *((brisk.name, control.name) for (brisk, _), (_, control) in zip(BRISK_PRESET_CONVERSIONS,

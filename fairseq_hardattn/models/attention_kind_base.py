@@ -119,6 +119,7 @@ def kind_options(kind, cfg):
         return dict(train_retrieval=cfg.hard_train_retrieval,
                     anneal_updates=cfg.hard_anneal_updates,
                     cooling_updates=cfg.hard_cooling_updates,
+                    sharpening_updates=cfg.hard_sharpening_updates,
                     entropy_penalty=cfg.hard_entropy_penalty)
     return {}
 
@@ -282,6 +283,12 @@ class AttentionKindTransformerModel(ClearCheckpointErrors, TransformerModel):
                                  "argmax): over the first N updates keys are sampled at a "
                                  "temperature falling linearly from 1 to 0, the argmax from "
                                  "then on (default 0: the argmax from the start)")
+        parser.add_argument("--hard-sharpening-updates", type=int, metavar="N",
+                            help="soft-to-hard curriculum in the forward pass: over the first "
+                                 "N updates every training query attends softly at a softmax "
+                                 "temperature falling linearly from 1 to 0 (the argmax), hard "
+                                 "retrieval from then on; replaces --hard-anneal-updates and "
+                                 "--hard-cooling-updates (default 0: none)")
         parser.add_argument("--hard-entropy-penalty", type=float, metavar="W",
                             help="adds W times the entropy of each hard retrieval head's "
                                  "training distribution (summed over query rows) to the loss: "
@@ -298,6 +305,12 @@ class AttentionKindTransformerModel(ClearCheckpointErrors, TransformerModel):
             raise ConfigError(f"--hard-anneal-updates must be >= 0, got {args.hard_anneal_updates}")
         if args.hard_cooling_updates < 0:
             raise ConfigError(f"--hard-cooling-updates must be >= 0, got {args.hard_cooling_updates}")
+        if args.hard_sharpening_updates < 0:
+            raise ConfigError(f"--hard-sharpening-updates must be >= 0, got {args.hard_sharpening_updates}")
+        if args.hard_sharpening_updates and (args.hard_anneal_updates or args.hard_cooling_updates):
+            raise ConfigError("--hard-sharpening-updates replaces the --hard-anneal-updates and "
+                              "--hard-cooling-updates curricula: set those to 0 (the "
+                              "_anneal presets set --hard-anneal-updates)")
         if not args.hard_entropy_penalty >= 0.0:
             raise ConfigError(f"--hard-entropy-penalty must be >= 0, got {args.hard_entropy_penalty}")
         if args.hard_cooling_updates and args.hard_train_retrieval != "argmax":
@@ -366,7 +379,7 @@ def base_architecture(args):
     """Transformer Base dims; every kind soft unless an option says otherwise."""
     set_defaults(args, **{option: "soft" for option in ATTENTION_KIND_OPTIONS})
     set_defaults(args, hard_train_retrieval="sample", hard_anneal_updates=0,
-                 hard_cooling_updates=0, hard_entropy_penalty=0.0, decoding_engine="auto")
+                 hard_cooling_updates=0, hard_sharpening_updates=0, hard_entropy_penalty=0.0, decoding_engine="auto")
     fairseq_base_architecture(args)
 
 

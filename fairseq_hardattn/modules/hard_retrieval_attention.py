@@ -144,9 +144,15 @@ class HardRetrievalAttention(CachedProjectionAttention):
     the first M updates keys are sampled from P at a temperature falling
     linearly from 1 (the paper's sampling) to 0 (the argmax), a curriculum from
     sampling to the argmax that decoding takes; 0: the argmax from the start.
-    ``entropy_penalty`` W: adds W times the entropy of every training query
-    row's P to the loss (``EntropyPenalty``); 0: none. All leave inference
-    unchanged.
+    ``sharpening_updates`` K: over the first K updates every training query
+    row attends softly, with exact gradients, to P taken at a softmax
+    temperature falling linearly from 1 to 0, whose limit is the argmax that
+    hard retrieval takes; ``train_retrieval`` from then on. A curriculum from
+    soft to hard in which the forward pass itself approaches retrieval (the
+    anneal mixes soft and hard rows instead), so it replaces ``anneal_updates``
+    and ``cooling_updates``; 0: none. ``entropy_penalty`` W: adds W times the
+    entropy of every training query row's P to the loss (``EntropyPenalty``);
+    0: none. All leave inference unchanged.
 
     A query with no unmasked key (all-masked row) attends to nothing: its
     output is zero before the output projection, in training and inference.
@@ -161,7 +167,8 @@ class HardRetrievalAttention(CachedProjectionAttention):
     """
 
     def __init__(self, *args, train_retrieval: str = "sample", anneal_updates: int = 0,
-                 cooling_updates: int = 0, entropy_penalty: float = 0.0, **kwargs):
+                 cooling_updates: int = 0, sharpening_updates: int = 0,
+                 entropy_penalty: float = 0.0, **kwargs):
         super().__init__(*args, **kwargs)
         if train_retrieval not in TRAIN_RETRIEVALS:
             raise ValueError(f"hard retrieval attention: train_retrieval must be one of "
@@ -175,6 +182,12 @@ class HardRetrievalAttention(CachedProjectionAttention):
         if cooling_updates and train_retrieval != "argmax":
             raise ValueError("hard retrieval attention: cooling_updates cools sampling into "
                              "the argmax: it needs train_retrieval='argmax'")
+        if sharpening_updates < 0:
+            raise ValueError(f"hard retrieval attention: sharpening_updates must be >= 0, "
+                             f"got {sharpening_updates}")
+        if sharpening_updates and (anneal_updates or cooling_updates):
+            raise ValueError("hard retrieval attention: sharpening_updates replaces the "
+                             "anneal_updates and cooling_updates curricula: set those to 0")
         if not entropy_penalty >= 0.0:
             raise ValueError(f"hard retrieval attention: entropy_penalty must be >= 0, "
                              f"got {entropy_penalty}")
@@ -182,6 +195,7 @@ class HardRetrievalAttention(CachedProjectionAttention):
         self.entropy_penalty = entropy_penalty
         self.anneal_updates = anneal_updates
         self.cooling_updates = cooling_updates
+        self.sharpening_updates = sharpening_updates
         self.num_updates = 0
 
     def set_num_updates(self, num_updates: int):
@@ -202,6 +216,13 @@ class HardRetrievalAttention(CachedProjectionAttention):
         if self.cooling_updates == 0:
             return 0.0
         return max(0.0, 1.0 - self.num_updates / self.cooling_updates)
+
+    def sharpening_temperature(self) -> float:
+        """Softmax temperature of the sharpening curriculum's soft attention;
+        0 once it is over (or without it): training retrieves hard."""
+        if self.sharpening_updates == 0:
+            return 0.0
+        return max(0.0, 1.0 - self.num_updates / self.sharpening_updates)
 
     def attend(self, query, p, incremental_state, attn_mask, need_weights, need_head_weights):
         q, k, v, key_padding_mask, kv_bsz, tgt_len, bsz = p
@@ -252,10 +273,14 @@ class HardRetrievalAttention(CachedProjectionAttention):
         if empty is not None:
             # softmax of an all -inf row is NaN, and so is its gradient
             scores = scores.masked_fill(empty, 0.0)
-        probs = F.softmax(scores, dim=-1)
+        sharpening = self.sharpening_temperature()
+        probs = F.softmax(scores / sharpening if sharpening else scores, dim=-1)
         if self.entropy_penalty:
             probs = EntropyPenalty.apply(probs, self.entropy_penalty)
         dropped = self.dropout_module(probs)
+        if sharpening:
+            # the sharpening curriculum: every row soft, with exact gradients
+            return self._masked(torch.bmm(dropped.type_as(v), v), probs.detach(), empty)
         sampling_weights = dropped.detach()
         if dropped is not probs:
             sampling_weights = sampling_weights + _ALL_DROPPED_FALLBACK_EPS * probs.detach()
@@ -271,7 +296,11 @@ class HardRetrievalAttention(CachedProjectionAttention):
             soft = torch.bmm(dropped.type_as(v), v)
             hard_rows = torch.rand(out.shape[:-1] + (1,), device=out.device) < share
             out = torch.where(hard_rows, out, soft)
-        probs = probs.detach()
+        return self._masked(out, probs.detach(), empty)
+
+    @staticmethod
+    def _masked(out: Tensor, probs: Tensor, empty: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+        """Zeroes the outputs and weights of queries without keys."""
         if empty is not None:
             out = out.masked_fill(empty, 0.0)
             probs = probs.masked_fill(empty, 0.0)
