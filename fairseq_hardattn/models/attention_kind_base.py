@@ -379,7 +379,8 @@ def base_architecture(args):
     """Transformer Base dims; every kind soft unless an option says otherwise."""
     set_defaults(args, **{option: "soft" for option in ATTENTION_KIND_OPTIONS})
     set_defaults(args, hard_train_retrieval="sample", hard_anneal_updates=0,
-                 hard_cooling_updates=0, hard_sharpening_updates=0, hard_entropy_penalty=0.0, decoding_engine="auto")
+                 hard_cooling_updates=0, hard_sharpening_updates=0, hard_entropy_penalty=0.0,
+                 decoding_engine="auto")
     fairseq_base_architecture(args)
 
 
