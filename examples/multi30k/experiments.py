@@ -425,6 +425,34 @@ HARD_DROP01_MORE = tuple(
                              "hard_pre_argmax_drop01, 5 more hard epochs", penalised)
     for suffix, penalised in (("more", False), ("sharpened", True)))
 
+# bigger models than the small preset (trained on a GPU): is the hard-decoding
+# cost a property of 4 heads of 32 dims? d = 256 keeps 4 heads, now of 64 dims;
+# Base dims (6+6 layers, d = 512, 8 heads of 64: the paper's) take a peak lr
+# for their size, and save no optimizer state (4x smaller epoch checkpoints)
+WIDE_HEADS = ("--encoder-embed-dim 256 --decoder-embed-dim 256 "
+              "--encoder-ffn-embed-dim 1024 --decoder-ffn-embed-dim 1024")
+BASE_RUN_FLAGS = "--lr 0.001 --no-save-optimizer-state"
+HARD_PRE_ARGMAX_D256 = replace(HARD_PRE_ARGMAX, name="hard_pre_argmax_d256", flags=WIDE_HEADS,
+                               what="the parity recipe at d = 256 (4 heads of 64 dims, FFN 1024)")
+SOFT_PRE_D256 = replace(SOFT_PRE, name="soft_pre_d256", flags=WIDE_HEADS,
+                        what="soft_pre at d = 256 (hard_pre_argmax_d256's soft counterpart)")
+HARD_PRE_ARGMAX_BASE = Run("hard_pre_argmax_base", "transformer_hard_dec_prenorm", BASE_RUN_FLAGS,
+                           "the parity recipe at Transformer Base dims (6+6 layers, d = 512, "
+                           "8 heads of 64), peak lr 0.001")
+SOFT_PRE_BASE = Run("soft_pre_base", "transformer_soft_prenorm", BASE_RUN_FLAGS,
+                    "soft_pre at Base dims (hard_pre_argmax_base's soft counterpart)")
+# the recipe's conversion at those sizes, each beside its control (5 more
+# soft epochs): does converting cost less where heads are wider? On a GPU,
+# after their soft parents; declared before they trained
+BIGGER_CONVERSIONS = tuple(
+    (replace(HARD_PRE_ARGMAX_FROM_SOFT, name=f"{HARD_PRE_ARGMAX_FROM_SOFT.name}_{size}", start=soft.name,
+             arch=hard.arch, flags=soft.flags,
+             what=f"{soft.name} converted as hard_pre_argmax_from_soft ({hard.arch})"),
+     soft_epochs_from(f"{SOFT_PRE_MORE.name}_{size}", soft,
+                      f"{soft.name}, 5 more soft epochs (the control of its conversion)"))
+    for size, hard, soft in (("d256", HARD_PRE_ARGMAX_D256, SOFT_PRE_D256),
+                             ("base", HARD_PRE_ARGMAX_BASE, SOFT_PRE_BASE)))
+
 FINETUNES = (
     FineTune("flexible_ft", "flexible", "transformer_flexible_small", GATE_LOSS,
              "flexible, fine-tuned 1 epoch with CE − 0.1·mean(g)"),
@@ -479,6 +507,7 @@ FINETUNES = (
     *(run for pair in PARENT_CONVERSIONS for run in pair),
     *(run for pair in PARENT_RESEEDED_CONVERSIONS for run in pair),
     *SHARPENED_CONVERSIONS,
+    *(run for pair in BIGGER_CONVERSIONS for run in pair),
     CURRICULUM_HARD_MORE,
     *(run for pair in BRISK_PRESET_CONVERSIONS for run in pair),
     *DISTILLED_PRESET_CONVERSIONS,
@@ -612,22 +641,6 @@ HARD_PRE_ARGMAX_DROP02_ENTROPY = replace(
 HARD_PRE_SELF = replace(HARD_PRE_ARGMAX, name="hard_pre_self", flags="--dec-cross-attn-kind soft",
                         what="the parity recipe with hard retrieval in decoder self-attention only "
                              "(cross-attention soft)")
-# bigger models than the small preset (trained on a GPU): is the hard-decoding
-# cost a property of 4 heads of 32 dims? d = 256 keeps 4 heads, now of 64 dims;
-# Base dims (6+6 layers, d = 512, 8 heads of 64: the paper's) take a peak lr
-# for their size, and save no optimizer state (4x smaller epoch checkpoints)
-WIDE_HEADS = ("--encoder-embed-dim 256 --decoder-embed-dim 256 "
-              "--encoder-ffn-embed-dim 1024 --decoder-ffn-embed-dim 1024")
-BASE_RUN_FLAGS = "--lr 0.001 --no-save-optimizer-state"
-HARD_PRE_ARGMAX_D256 = replace(HARD_PRE_ARGMAX, name="hard_pre_argmax_d256", flags=WIDE_HEADS,
-                               what="the parity recipe at d = 256 (4 heads of 64 dims, FFN 1024)")
-SOFT_PRE_D256 = replace(SOFT_PRE, name="soft_pre_d256", flags=WIDE_HEADS,
-                        what="soft_pre at d = 256 (hard_pre_argmax_d256's soft counterpart)")
-HARD_PRE_ARGMAX_BASE = Run("hard_pre_argmax_base", "transformer_hard_dec_prenorm", BASE_RUN_FLAGS,
-                           "the parity recipe at Transformer Base dims (6+6 layers, d = 512, "
-                           "8 heads of 64), peak lr 0.001")
-SOFT_PRE_BASE = Run("soft_pre_base", "transformer_soft_prenorm", BASE_RUN_FLAGS,
-                    "soft_pre at Base dims (hard_pre_argmax_base's soft counterpart)")
 PARITY_RUNS = (
     Run("hard_pre", "transformer_hard_dec_prenorm_small", "--hard-train-retrieval sample",
         "hard, pre-norm, keys sampled in training (the paper's)"),
@@ -728,6 +741,8 @@ PARITY_PAIRS = (("hard", "soft"), ("hard_pre", "soft_pre"), ("hard_pre_argmax", 
                 ("hard_pre_argmax_drop02_s2", "soft_pre_drop02_s2"),
                 (HARD_PRE_ARGMAX_D256.name, SOFT_PRE_D256.name),
                 (HARD_PRE_ARGMAX_BASE.name, SOFT_PRE_BASE.name),
+                *((conversion.name, against) for conversion, control in BIGGER_CONVERSIONS
+                  for against in (control.name, conversion.start)),
                 ("hard_pre_self", "soft_pre"), ("hard_pre_self_s2", "soft_pre_s2"),
                 ("hard_pre_argmax_drop01", "soft_pre_drop01"),
                 (HARD_PRE_ARGMAX_DROP02_ENTROPY.name, "soft_pre_drop02"),
