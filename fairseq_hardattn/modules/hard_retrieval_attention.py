@@ -202,27 +202,26 @@ class HardRetrievalAttention(CachedProjectionAttention):
         """fairseq's trainer calls this on every module before each update."""
         self.num_updates = num_updates
 
+    def _progress(self, span: int) -> float:
+        """How far training is through a curriculum of ``span`` updates, from
+        0 to 1; a curriculum of 0 updates is over from the start."""
+        return min(1.0, self.num_updates / span) if span else 1.0
+
     def hard_share(self) -> float:
         """Probability that a training query row is retrieved hard."""
-        if self.anneal_updates == 0:
-            return 1.0
-        return min(1.0, self.num_updates / self.anneal_updates)
+        return self._progress(self.anneal_updates)
 
     def sampling_temperature(self) -> float:
         """Temperature of the training draw from P: 1 samples as the paper,
         0 takes the argmax."""
         if self.train_retrieval == "sample":
             return 1.0
-        if self.cooling_updates == 0:
-            return 0.0
-        return max(0.0, 1.0 - self.num_updates / self.cooling_updates)
+        return 1.0 - self._progress(self.cooling_updates)
 
     def sharpening_temperature(self) -> float:
         """Softmax temperature of the sharpening curriculum's soft attention;
         0 once it is over (or without it): training retrieves hard."""
-        if self.sharpening_updates == 0:
-            return 0.0
-        return max(0.0, 1.0 - self.num_updates / self.sharpening_updates)
+        return 1.0 - self._progress(self.sharpening_updates)
 
     def attend(self, query, p, incremental_state, attn_mask, need_weights, need_head_weights):
         q, k, v, key_padding_mask, kv_bsz, tgt_len, bsz = p
