@@ -190,15 +190,25 @@ def _config_keys(cfg):
     return keys
 
 
-def check_model_overrides(cfg, overrides):
-    """Raise ``ConfigError`` for an override key of one of this plugin's models
-    that nothing reads, or that its family does not read."""
+def _plugin_model_class(cfg, overrides):
+    """The class of the plugin's model that ``cfg`` (with ``overrides``)
+    builds, or None for any other model."""
     from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
 
     name = _model_name(cfg, overrides)
     model_class = ARCH_MODEL_REGISTRY.get(name) or MODEL_REGISTRY.get(name)
     if model_class is None or not model_class.__module__.startswith(_PACKAGE + "."):
+        return None
+    return model_class
+
+
+def check_model_overrides(cfg, overrides):
+    """Raise ``ConfigError`` for an override key of one of this plugin's models
+    that nothing reads, or that its family does not read."""
+    model_class = _plugin_model_class(cfg, overrides)
+    if model_class is None:
         return
+    name = _model_name(cfg, overrides)
     per_class, ours = plugin_options()
     family = per_class[model_class]
     known = _config_keys(cfg) | _registry_fields() | ours | family | _HUB_KEYS | {"_name"}
@@ -220,7 +230,13 @@ def checked_overrides(overwrite_args_by_name):
     @functools.wraps(overwrite_args_by_name)
     def overwrite(cfg, overrides):
         check_model_overrides(cfg, overrides)
-        return overwrite_args_by_name(cfg, overrides)
+        result = overwrite_args_by_name(cfg, overrides)
+        model_class = _plugin_model_class(cfg, overrides)
+        model = cfg.get("model") if hasattr(cfg, "get") else None
+        settle = getattr(model_class, "settle_overrides", None)
+        if settle is not None and isinstance(model, argparse.Namespace):
+            settle(model, overrides)
+        return result
 
     return overwrite
 

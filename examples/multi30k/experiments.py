@@ -530,6 +530,30 @@ def decoded_with(run: str, kind: str) -> Decode:
                   f"the `{run}` checkpoint decoded with {kind} decoder attention (Table 4)")
 
 
+# top-k retrieval attention (issue 61): each decoder head attends softly to its
+# k best keys; k = 1 is hard retrieval with an argmax
+TOPK_DECODE_KS = (1, 2, 4, 8)
+TOPK_TRAIN_KS = (2, 4)
+
+
+def decoded_with_topk(run: str, k: int) -> Decode:
+    """``run`` decoded with top-k retrieval (``k`` keys per head) in decoder self- and cross-attention."""
+    return Decode(f"{run}_decoded_top{k}", run,
+                  {"dec_self_attn_kind": "topk", "dec_cross_attn_kind": "topk", "retrieval_k": k},
+                  f"the `{run}` checkpoint decoded with top-{k} retrieval in decoder attention")
+
+
+def topk_run(k: int) -> Run:
+    """The parity recipe's settings (pre-norm) with top-k retrieval in decoder self- and cross-attention."""
+    return Run(f"topk{k}_pre", "transformer_topk_dec_small", f"--retrieval-k {k}",
+               f"top-{k} retrieval attention in decoder self- and cross-attention, pre-norm layers "
+               "(soft_pre's and hard_pre_argmax's recipe)")
+
+
+# trained as soft_pre / hard_pre_argmax and their seed-2 runs, beside them
+TOPK_RUNS = tuple(run for k in TOPK_TRAIN_KS for run in (topk_run(k), reseeded(topk_run(k), 2)))
+
+
 def searched_with(run: str, beam: int, lenpen: float) -> Decode:
     """``run`` decoded with beam ``beam`` and length penalty ``lenpen``."""
     return Decode(f"{run}_beam{beam}_lenpen{lenpen:g}".replace(".", "p"), run,
@@ -589,6 +613,8 @@ DECODES = (
       for run in _FLEXIBLE if run.endswith("_ft")),
     Decode("local_cps", "local", cps=True),
     *SEARCHES,
+    # decoding-time k on models trained soft and hard (Table 4, one step further)
+    *(decoded_with_topk(run, k) for run in ("soft_pre", "hard_pre_argmax") for k in TOPK_DECODE_KS),
 )
 
 # the ablation toward hard/soft parity (issue 18): trained with the same
@@ -703,6 +729,7 @@ PARITY_RUNS = (
     replace(SOFT_PRE, name="soft_pre_seqkd", corpus="soft_pre",
             what="soft_pre's recipe trained on soft_pre's translations of the training set "
                  "(hard_pre_argmax_seqkd's soft counterpart)"),
+    *TOPK_RUNS,
 )
 # every run trained from scratch, and with its fine-tunings every trained run
 FROM_SCRATCH = RUNS + PARITY_RUNS

@@ -43,7 +43,7 @@ from fairseq.modules.transformer_layer import (
 
 from ..errors import ClearCheckpointErrors, ConfigError, check_joined_dictionary, data_dir
 from ..fairseq_compat import mark_plugin_args
-from ..modules import ATTENTION_KINDS, HardRetrievalAttention, sentence_groups
+from ..modules import ATTENTION_KINDS, HardRetrievalAttention, TopKAttention, sentence_groups
 from ..modules.hard_retrieval_attention import TRAIN_RETRIEVALS
 from . import decoding_engine
 
@@ -121,6 +121,8 @@ def kind_options(kind, cfg):
                     cooling_updates=cfg.hard_cooling_updates,
                     sharpening_updates=cfg.hard_sharpening_updates,
                     entropy_penalty=cfg.hard_entropy_penalty)
+    if issubclass(kind, TopKAttention):
+        return dict(k=cfg.retrieval_k)
     return {}
 
 
@@ -274,6 +276,10 @@ class AttentionKindTransformerModel(ClearCheckpointErrors, TransformerModel):
                                  "'static' (preallocated caches written in place), 'graph' "
                                  "(static, the step replayed as a CUDA graph); see "
                                  "models/decoding_engine.py")
+        parser.add_argument("--retrieval-k", type=int, metavar="K",
+                            help="keys each head of a topk sublayer attends to (its K highest "
+                                 "scores, softmax over those; 1: hard retrieval with an argmax); "
+                                 "also a decoding-time --model-overrides key")
         parser.add_argument("--hard-anneal-updates", type=int, metavar="N",
                             help="soft-to-hard curriculum: over the first N updates a rising "
                                  "share (updates/N) of training queries retrieves hard, the "
@@ -316,11 +322,28 @@ class AttentionKindTransformerModel(ClearCheckpointErrors, TransformerModel):
         if args.hard_cooling_updates and args.hard_train_retrieval != "argmax":
             raise ConfigError("--hard-cooling-updates cools sampling into the argmax: it needs "
                               "--hard-train-retrieval argmax (the default of the _prenorm presets)")
+        topk = [option for option in ATTENTION_KIND_OPTIONS if getattr(args, option, None) == "topk"]
+        k = getattr(args, "retrieval_k", None)
+        if topk and (k is None or k < 1):
+            raise ConfigError(f"{flag(topk[0])} topk needs --retrieval-k K >= 1, got {k}")
+        if k is not None and not topk:
+            raise ConfigError(f"--retrieval-k {k} has no topk sublayer to apply to in "
+                              f"{model_name(args)}: set a --*-attn-kind to topk too")
         for option, reason in cls.replaced_sublayers.items():
             if getattr(args, option, None) != REPLACED:
                 raise ConfigError(f"{flag(option)} does not apply to {model_name(args)}: {reason}")
         for option, kinds in cls.kind_choices().items():
             attention_kind(args, option, kinds)
+
+    @classmethod
+    def settle_overrides(cls, args, overrides):
+        """After ``--model-overrides``: an option the checkpoint set for a
+        kind that the overrides replaced (``retrieval_k`` of a topk model
+        decoded soft) is no longer read, so it is unset; one the overrides
+        give themselves stays, for ``validate_args`` to refuse if unread."""
+        if "retrieval_k" not in overrides and not any(
+                getattr(args, option, None) == "topk" for option in ATTENTION_KIND_OPTIONS):
+            args.retrieval_k = None
 
     @classmethod
     def build_model(cls, args, task):

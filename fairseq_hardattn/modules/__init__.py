@@ -23,11 +23,13 @@ from .hard_retrieval_attention import (
 )
 from .local_attention import LocalAttention
 from .soft_attention import SoftAttention
+from .topk_attention import TopKAttention
 from . import sentence_groups  # noqa: F401
 
 ATTENTION_KINDS = {
     "soft": SoftAttention,
     "hard": HardRetrievalAttention,
+    "topk": TopKAttention,
 }
 
 CROSS_SELF_KINDS = {
@@ -50,6 +52,7 @@ __all__ = [
     "LocalAttention",
     "SoftAttention",
     "StraightThroughRetrieval",
+    "TopKAttention",
     "sample_key_indices",
     "tempered",
 ]
