@@ -153,6 +153,10 @@ def _option_names(model_class):
     return set(vars(parser.parse_known_args([])[0]))
 
 
+def _is_plugin(model_class) -> bool:
+    return model_class is not None and model_class.__module__.startswith(_PACKAGE + ".")
+
+
 @functools.lru_cache(maxsize=None)
 def plugin_options():
     """Option names each of this plugin's model classes adds (by class), and
@@ -162,10 +166,16 @@ def plugin_options():
     from fairseq.models.transformer import TransformerModel
 
     fairseq_own = _option_names(TransformerModel) | _option_names(LSTMModel)
-    per_class = {cls: _option_names(cls) for cls in set(MODEL_REGISTRY.values())
-                 if cls.__module__.startswith(_PACKAGE + ".")}
+    per_class = {cls: _option_names(cls) for cls in set(MODEL_REGISTRY.values()) if _is_plugin(cls)}
     ours = set().union(*per_class.values()) - fairseq_own
     return per_class, frozenset(ours)
+
+
+@functools.lru_cache(maxsize=None)
+def _fairseq_transformer_options():
+    from fairseq.models.transformer import TransformerModel
+
+    return frozenset(_option_names(TransformerModel))
 
 
 @functools.lru_cache(maxsize=None)
@@ -190,27 +200,58 @@ def _config_keys(cfg):
     return keys
 
 
-def _plugin_model_class(cfg, overrides):
-    """The class of the plugin's model that ``cfg`` (with ``overrides``)
-    builds, or None for any other model."""
+def _model_class(name):
     from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
 
-    name = _model_name(cfg, overrides)
-    model_class = ARCH_MODEL_REGISTRY.get(name) or MODEL_REGISTRY.get(name)
-    if model_class is None or not model_class.__module__.startswith(_PACKAGE + "."):
+    return ARCH_MODEL_REGISTRY.get(name) or MODEL_REGISTRY.get(name)
+
+
+# the plugin's architecture that decodes a fairseq `transformer` checkpoint
+# when overrides ask for the plugin's options: the same parameters, soft
+# attention unless the overrides say otherwise (tests/test_cli.py)
+FAIRSEQ_TRANSFORMER_AS = "transformer_soft"
+
+
+def plugin_architecture_for(cfg, overrides):
+    """For a checkpoint of fairseq's own ``TransformerModel`` whose overrides
+    name options of this plugin (attention kinds, k, the decoding engine):
+    the plugin architecture that decodes it (``FAIRSEQ_TRANSFORMER_AS``), so
+    the overrides apply instead of being set on a model that never reads
+    them. None otherwise."""
+    from fairseq.models.transformer import TransformerModel
+
+    if _model_class(_model_name(cfg, overrides)) is not TransformerModel:
         return None
-    return model_class
-
-
-def check_model_overrides(cfg, overrides):
-    """Raise ``ConfigError`` for an override key of one of this plugin's models
-    that nothing reads, or that its family does not read."""
-    model_class = _plugin_model_class(cfg, overrides)
-    if model_class is None:
-        return
-    name = _model_name(cfg, overrides)
     per_class, ours = plugin_options()
-    family = per_class[model_class]
+    wanted = sorted(key for key in overrides if key in ours)
+    if not wanted:
+        return None
+    unread = [key for key in wanted if key not in per_class[_model_class(FAIRSEQ_TRANSFORMER_AS)]]
+    if unread:
+        users = sorted(cls.__name__ for cls, names in per_class.items() if unread[0] in names)
+        raise ConfigError(
+            f"--model-overrides key {unread[0]!r} does not apply to a fairseq transformer checkpoint "
+            f"(options of {', '.join(users)}); its parameters lack that family's, so train or "
+            f"fine-tune that family from it (--finetune-from-model)")
+    return FAIRSEQ_TRANSFORMER_AS
+
+
+def check_model_overrides(cfg, overrides, name=None):
+    """Raise ``ConfigError`` for an override key of one of this plugin's models
+    (or of fairseq's own transformer) that nothing reads, or that its family
+    does not read. ``name``: the architecture that will be built, if not the
+    checkpoint's."""
+    from fairseq.models.transformer import TransformerModel
+
+    name = name or _model_name(cfg, overrides)
+    model_class = _model_class(name)
+    per_class, ours = plugin_options()
+    if _is_plugin(model_class):
+        family = per_class[model_class]
+    elif model_class is TransformerModel:
+        family = _fairseq_transformer_options()
+    else:
+        return
     known = _config_keys(cfg) | _registry_fields() | ours | family | _HUB_KEYS | {"_name"}
     for key in overrides:
         if key in ours and key not in family:
@@ -229,12 +270,20 @@ def checked_overrides(overwrite_args_by_name):
 
     @functools.wraps(overwrite_args_by_name)
     def overwrite(cfg, overrides):
-        check_model_overrides(cfg, overrides)
+        plugin_arch = plugin_architecture_for(cfg, overrides)
+        check_model_overrides(cfg, overrides, plugin_arch)
         result = overwrite_args_by_name(cfg, overrides)
-        model_class = _plugin_model_class(cfg, overrides)
         model = cfg.get("model") if hasattr(cfg, "get") else None
-        settle = getattr(model_class, "settle_overrides", None)
-        if settle is not None and isinstance(model, argparse.Namespace):
+        if not isinstance(model, argparse.Namespace):
+            return result
+        if plugin_arch is not None:
+            # the model group only: an `_name` override would rename every group (the task's too)
+            logger.info("decoding the fairseq %s checkpoint as the plugin's %s (the same "
+                        "parameters) to apply --model-overrides %s",
+                        _model_name(cfg, overrides), plugin_arch, sorted(overrides))
+            model._name = plugin_arch
+        settle = getattr(_model_class(_model_name(cfg, {})), "settle_overrides", None)
+        if settle is not None:
             settle(model, overrides)
         return result
 

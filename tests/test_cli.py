@@ -3,7 +3,6 @@
 import re
 
 import torch
-from fairseq import checkpoint_utils, tasks
 
 from fairseq_hardattn.modules import HardRetrievalAttention
 
@@ -15,21 +14,13 @@ from conftest import (
     USER_DIR,
     generate,
     hypotheses,
+    load_with_overrides,
     run_cli,
     tool_env,
     train,
 )
 
 
-
-def load_with_overrides(checkpoint, overrides):
-    """As fairseq-generate loads it: the task comes from the command line, not
-    from the checkpoint (an ``_name`` override renames every config group)."""
-    task = tasks.setup_task(checkpoint_utils.load_checkpoint_to_cpu(str(checkpoint))["cfg"].task)
-    models, _ = checkpoint_utils.load_model_ensemble(
-        [str(checkpoint)], arg_overrides=overrides, task=task
-    )
-    return models[0]
 
 
 def decoder_kinds(model):

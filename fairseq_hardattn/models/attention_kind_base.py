@@ -403,7 +403,7 @@ def base_architecture(args):
     set_defaults(args, **{option: "soft" for option in ATTENTION_KIND_OPTIONS})
     set_defaults(args, hard_train_retrieval="sample", hard_anneal_updates=0,
                  hard_cooling_updates=0, hard_sharpening_updates=0, hard_entropy_penalty=0.0,
-                 decoding_engine="auto")
+                 decoding_engine="auto", retrieval_k=None)  # k: only where a kind is topk
     fairseq_base_architecture(args)
 
 
