@@ -7,12 +7,10 @@ import torch
 import torch.nn.functional as F
 
 from fairseq_hardattn.modules import (
-    EntropyPenalty,
     HardRetrievalAttention,
     StraightThroughRetrieval,
     sample_key_indices,
     sentence_groups,
-    tempered,
 )
 
 EMBED, HEADS = 16, 2
@@ -338,143 +336,9 @@ def test_annealing_starts_soft_and_ends_hard():
     assert torch.equal(positions, positions.round())  # every row retrieved one key
 
 
-def test_cooling_samples_at_first_and_ends_with_the_argmax():
-    torch.manual_seed(0)
-    attn = position_revealing_attention(train_retrieval="argmax", cooling_updates=100)
-    key = keys_with_positions(6, 2)
-    # small queries: broad distributions, so a draw at temperature 1 often misses the argmax
-    query = 0.05 * torch.randn(50, 2, EMBED, dtype=torch.float64)
-    inferred = retrieved_positions(attn.eval()(query, key, key, static_kv=True)[0])
-    attn.train()
-    schedule = []
-    for updates in (0, 50, 100, 200):
-        attn.set_num_updates(updates)
-        schedule.append(attn.sampling_temperature())
-        trained = retrieved_positions(attn(query, key, key, static_kv=True)[0])
-        if updates == 0:
-            assert (trained != inferred).float().mean() > 0.5
-    assert schedule == [1.0, 0.5, 0.0, 0.0]
-    assert torch.equal(trained, inferred)
-
-
-def test_sharpening_attends_softly_at_a_falling_temperature_then_retrieves():
-    torch.manual_seed(0)
-    attn = position_revealing_attention(train_retrieval="argmax", sharpening_updates=100).train()
-    key = keys_with_positions(6, 2)
-    query = torch.randn(3, 2, EMBED, dtype=torch.float64, requires_grad=True)
-    q = attn.q_proj(query).view(3, 2 * HEADS, HEAD_DIM).transpose(0, 1) * attn.scaling
-    k = attn.k_proj(key).view(6, 2 * HEADS, HEAD_DIM).transpose(0, 1)
-    v = key.view(6, 2 * HEADS, HEAD_DIM).transpose(0, 1)
-
-    def soft_at(temperature):
-        """P·V per head at the temperature (v_proj and out_proj are the identity)."""
-        out = torch.bmm(torch.softmax(q @ k.transpose(1, 2) / temperature, -1), v)
-        return out.transpose(0, 1).reshape(3, 2, EMBED)
-
-    temperatures = []
-    for updates, temperature in ((0, 1.0), (50, 0.5), (90, 0.1)):
-        attn.set_num_updates(updates)
-        temperatures.append(attn.sharpening_temperature())
-        out, _ = attn(query, key, key, static_kv=True)
-        expected = soft_at(temperature)
-        # the module's softmax is float32 (tolerances of float32)
-        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
-        # exact gradients, not the straight-through estimate
-        upstream = torch.randn_like(out)
-        grad, = torch.autograd.grad((out * upstream).sum(), query, retain_graph=True)
-        expected_grad, = torch.autograd.grad((expected * upstream).sum(), query, retain_graph=True)
-        torch.testing.assert_close(grad, expected_grad, rtol=1e-4, atol=1e-5)
-    assert temperatures == pytest.approx([1.0, 0.5, 0.1])
-    assert not torch.equal(soft_at(1.0), soft_at(0.1))
-    attn.set_num_updates(100)
-    assert attn.sharpening_temperature() == 0.0
-    trained = retrieved_positions(attn(query, key, key, static_kv=True)[0])
-    inferred = retrieved_positions(attn.eval()(query, key, key, static_kv=True)[0])
-    assert torch.equal(trained, inferred)  # hard retrieval once it is over
-
-
-def test_sharpening_zeroes_queries_without_keys():
-    attn = position_revealing_attention(sharpening_updates=10).train()
-    key = keys_with_positions(4, 2)
-    query = torch.randn(3, 2, EMBED, dtype=torch.float64)
-    padding = torch.tensor([[False] * 4, [True] * 4])
-    out, weights = attn(query, key, key, key_padding_mask=padding, static_kv=True)
-    assert torch.isfinite(out).all() and out[:, 1].abs().sum() == 0
-    assert weights[1].abs().sum() == 0 and out[:, 0].abs().sum() > 0
-
-
-def test_tempered_weights_are_the_powers_of_the_weights_with_zeros_kept():
-    weights = torch.tensor([[0.0, 0.2, 0.4, 0.1], [0.5, 0.5, 0.0, 0.0]], dtype=torch.float64)
-    assert tempered(weights, 1.0) is weights
-    squared = tempered(weights, 0.5)
-    torch.testing.assert_close(squared, weights ** 2 / (weights ** 2).amax(-1, keepdim=True))
-    # far below any power that float underflow would allow: still one key per row left
-    cold = tempered(weights, 1e-4)
-    torch.testing.assert_close(cold, torch.tensor([[0.0, 0.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]],
-                                                  dtype=torch.float64))
-
-
-def test_entropy_penalty_gradient_is_that_of_the_weighted_summed_entropy():
-    torch.manual_seed(0)
-    scores = torch.randn(3, 4, 6, dtype=torch.float64)
-    scores[0, :, 4:] = float("-inf")  # padded keys: P = 0 there
-    upstream = torch.randn(3, 4, 6, dtype=torch.float64)
-
-    def score_gradient(loss_of):
-        leaf = scores.clone().requires_grad_()
-        loss_of(leaf).backward()
-        return leaf.grad
-
-    def entropy(p):
-        return -(p * p.clamp_min(1e-300).log()).sum()
-
-    penalised = score_gradient(
-        lambda s: (EntropyPenalty.apply(F.softmax(s, -1), 0.3) * upstream).sum())
-    explicit = score_gradient(lambda s: (F.softmax(s, -1) * upstream).sum() + 0.3 * entropy(F.softmax(s, -1)))
-    torch.testing.assert_close(penalised, explicit)
-    assert torch.isfinite(penalised).all() and (penalised[0, :, 4:] == 0).all()
-    plain = score_gradient(lambda s: (F.softmax(s, -1) * upstream).sum())
-    assert not torch.allclose(penalised, plain)
-
-
-def test_entropy_penalty_sharpens_training_distributions_and_leaves_inference_alone():
-    torch.manual_seed(0)
-    key = keys_with_positions(6, 2)
-    query = 0.05 * torch.randn(5, 2, EMBED, dtype=torch.float64)
-
-    def train_on_penalty_only(weight):
-        attn = position_revealing_attention(train_retrieval="argmax", entropy_penalty=weight)
-        attn.load_state_dict(reference.state_dict())
-        optimizer = torch.optim.SGD(attn.parameters(), lr=0.5)
-        for _ in range(20):
-            optimizer.zero_grad()
-            out, probs = attn.train()(query, key, key, static_kv=True, need_weights=True)
-            (0.0 * out.sum()).backward()  # the loss is flat: only the penalty moves the scores
-            optimizer.step()
-        _, probs = attn(query, key, key, static_kv=True, need_weights=True)
-        return probs.amax(-1).mean().item(), attn
-
-    reference = position_revealing_attention(train_retrieval="argmax")
-    unpenalised, _ = train_on_penalty_only(0.0)
-    sharpened, attn = train_on_penalty_only(1.0)
-    assert sharpened > unpenalised + 0.1
-    attn.eval()
-    with torch.no_grad():
-        eval_out, _ = attn(query, key, key, static_kv=True)
-        attn.entropy_penalty = 0.0
-        torch.testing.assert_close(attn(query, key, key, static_kv=True)[0], eval_out)
-
-
 @pytest.mark.parametrize("options, message", [
     (dict(train_retrieval="gumbel"), "train_retrieval must be one of"),
-    (dict(entropy_penalty=-0.1), "entropy_penalty must be >= 0"),
     (dict(anneal_updates=-1), "anneal_updates must be >= 0"),
-    (dict(train_retrieval="argmax", cooling_updates=-1), "cooling_updates must be >= 0"),
-    (dict(train_retrieval="sample", cooling_updates=10), "needs train_retrieval='argmax'"),
-    (dict(sharpening_updates=-1), "sharpening_updates must be >= 0"),
-    (dict(sharpening_updates=10, anneal_updates=10), "sharpening_updates replaces"),
-    (dict(train_retrieval="argmax", sharpening_updates=10, cooling_updates=10),
-     "sharpening_updates replaces"),
 ])
 def test_training_options_are_validated(options, message):
     with pytest.raises(ValueError, match=message):

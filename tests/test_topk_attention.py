@@ -6,7 +6,6 @@ import argparse
 
 import pytest
 import torch
-import torch.nn.functional as F
 from fairseq.models import ARCH_CONFIG_REGISTRY
 from fairseq.sequence_generator import SequenceGenerator
 

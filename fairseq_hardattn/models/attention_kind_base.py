@@ -117,10 +117,7 @@ def kind_options(kind, cfg):
     """Constructor options an attention kind adds to MultiheadAttention's."""
     if issubclass(kind, HardRetrievalAttention):
         return dict(train_retrieval=cfg.hard_train_retrieval,
-                    anneal_updates=cfg.hard_anneal_updates,
-                    cooling_updates=cfg.hard_cooling_updates,
-                    sharpening_updates=cfg.hard_sharpening_updates,
-                    entropy_penalty=cfg.hard_entropy_penalty)
+                    anneal_updates=cfg.hard_anneal_updates)
     if issubclass(kind, TopKAttention):
         return dict(k=cfg.retrieval_k)
     return {}
@@ -284,22 +281,6 @@ class AttentionKindTransformerModel(ClearCheckpointErrors, TransformerModel):
                             help="soft-to-hard curriculum: over the first N updates a rising "
                                  "share (updates/N) of training queries retrieves hard, the "
                                  "others attend softly (default 0: hard from the start)")
-        parser.add_argument("--hard-cooling-updates", type=int, metavar="N",
-                            help="sampling-to-argmax curriculum (with --hard-train-retrieval "
-                                 "argmax): over the first N updates keys are sampled at a "
-                                 "temperature falling linearly from 1 to 0, the argmax from "
-                                 "then on (default 0: the argmax from the start)")
-        parser.add_argument("--hard-sharpening-updates", type=int, metavar="N",
-                            help="soft-to-hard curriculum in the forward pass: over the first "
-                                 "N updates every training query attends softly at a softmax "
-                                 "temperature falling linearly from 1 to 0 (the argmax), hard "
-                                 "retrieval from then on; replaces --hard-anneal-updates and "
-                                 "--hard-cooling-updates (default 0: none)")
-        parser.add_argument("--hard-entropy-penalty", type=float, metavar="W",
-                            help="adds W times the entropy of each hard retrieval head's "
-                                 "training distribution (summed over query rows) to the loss: "
-                                 "sharper distributions, where the retrieved key and the "
-                                 "straight-through gradient agree (default 0: none)")
 
     @classmethod
     def validate_args(cls, args):
@@ -309,19 +290,6 @@ class AttentionKindTransformerModel(ClearCheckpointErrors, TransformerModel):
                               f"got {args.decoding_engine!r}")
         if args.hard_anneal_updates < 0:
             raise ConfigError(f"--hard-anneal-updates must be >= 0, got {args.hard_anneal_updates}")
-        if args.hard_cooling_updates < 0:
-            raise ConfigError(f"--hard-cooling-updates must be >= 0, got {args.hard_cooling_updates}")
-        if args.hard_sharpening_updates < 0:
-            raise ConfigError(f"--hard-sharpening-updates must be >= 0, got {args.hard_sharpening_updates}")
-        if args.hard_sharpening_updates and (args.hard_anneal_updates or args.hard_cooling_updates):
-            raise ConfigError("--hard-sharpening-updates replaces the --hard-anneal-updates and "
-                              "--hard-cooling-updates curricula: set those to 0 (the "
-                              "_anneal presets set --hard-anneal-updates)")
-        if not args.hard_entropy_penalty >= 0.0:
-            raise ConfigError(f"--hard-entropy-penalty must be >= 0, got {args.hard_entropy_penalty}")
-        if args.hard_cooling_updates and args.hard_train_retrieval != "argmax":
-            raise ConfigError("--hard-cooling-updates cools sampling into the argmax: it needs "
-                              "--hard-train-retrieval argmax (the default of the _prenorm presets)")
         topk = [option for option in ATTENTION_KIND_OPTIONS if getattr(args, option, None) == "topk"]
         k = getattr(args, "retrieval_k", None)
         if topk and (k is None or k < 1):
@@ -402,7 +370,6 @@ def base_architecture(args):
     """Transformer Base dims; every kind soft unless an option says otherwise."""
     set_defaults(args, **{option: "soft" for option in ATTENTION_KIND_OPTIONS})
     set_defaults(args, hard_train_retrieval="sample", hard_anneal_updates=0,
-                 hard_cooling_updates=0, hard_sharpening_updates=0, hard_entropy_penalty=0.0,
                  decoding_engine="auto", retrieval_k=None)  # k: only where a kind is topk
     fairseq_base_architecture(args)
 

@@ -15,11 +15,9 @@ from .cross_self_attention import CrossSelfAttention, HardCrossSelfAttention
 from .flexible_attention import FlexibleAttention
 from .flexible_lstm_attention import FlexibleLSTMAttention
 from .hard_retrieval_attention import (
-    EntropyPenalty,
     HardRetrievalAttention,
     StraightThroughRetrieval,
     sample_key_indices,
-    tempered,
 )
 from .local_attention import LocalAttention
 from .soft_attention import SoftAttention
@@ -44,7 +42,6 @@ __all__ = [
     "CROSS_SELF_KINDS",
     "CachedProjectionAttention",
     "CrossSelfAttention",
-    "EntropyPenalty",
     "FlexibleAttention",
     "FlexibleLSTMAttention",
     "HardCrossSelfAttention",
@@ -54,5 +51,4 @@ __all__ = [
     "StraightThroughRetrieval",
     "TopKAttention",
     "sample_key_indices",
-    "tempered",
 ]

@@ -60,28 +60,6 @@ class StraightThroughRetrieval(torch.autograd.Function):
         return grad_probs, grad_values, None
 
 
-class EntropyPenalty(torch.autograd.Function):
-    """Identity on P forward; backward adds ``weight`` times the gradient of
-    the summed row entropies H(P) = -Σ P log P, as if ``weight · ΣH`` were
-    added to the (summed) training loss. It pushes P toward one key, where
-    V[argmax] (the forward) and P·V (what the straight-through gradient
-    assumes) agree."""
-
-    @staticmethod
-    def forward(ctx, probs: Tensor, weight: float) -> Tensor:
-        ctx.save_for_backward(probs)
-        ctx.weight = weight
-        return probs.view_as(probs)
-
-    @staticmethod
-    def backward(ctx, grad_probs: Tensor):
-        (probs,) = ctx.saved_tensors
-        # dH/dP = -(log P + 1); the clamp keeps masked keys (P = 0) finite,
-        # and the softmax's backward gives them zero gradient anyway
-        grad_entropy = -(probs.clamp_min(torch.finfo(probs.dtype).tiny).log() + 1.0)
-        return grad_probs + ctx.weight * grad_entropy, None
-
-
 def sample_key_indices(weights: Tensor) -> Tensor:
     """One index per row of ``weights`` (..., S), drawn with probability
     proportional to the (unnormalised, non-negative) weights.
@@ -95,17 +73,6 @@ def sample_key_indices(weights: Tensor) -> Tensor:
     u = 1.0 - torch.rand(total.shape, dtype=cdf.dtype, device=cdf.device)
     indices = torch.searchsorted(cdf, u * total).squeeze(-1)
     return indices.clamp_(max=weights.size(-1) - 1)
-
-
-def tempered(weights: Tensor, temperature: float) -> Tensor:
-    """Non-negative ``weights`` (..., S) raised to 1/``temperature``, each row
-    rescaled to a maximum of 1 (in log space: small temperatures would
-    underflow every weight). Zero weights (masked keys) stay zero; every row
-    needs a positive weight."""
-    if temperature == 1.0:
-        return weights
-    log_weights = weights.log() / temperature
-    return (log_weights - log_weights.amax(dim=-1, keepdim=True)).exp()
 
 
 def queries_without_keys(
@@ -140,19 +107,10 @@ class HardRetrievalAttention(CachedProjectionAttention):
     ``anneal_updates`` N: over the first N updates each query row (per head)
     is retrieved hard with probability num_updates / N and attends softly
     (P·V) otherwise, a curriculum from soft to hard attention; 0: hard from
-    the start. ``cooling_updates`` M (with ``train_retrieval="argmax"``): over
-    the first M updates keys are sampled from P at a temperature falling
-    linearly from 1 (the paper's sampling) to 0 (the argmax), a curriculum from
-    sampling to the argmax that decoding takes; 0: the argmax from the start.
-    ``sharpening_updates`` K: over the first K updates every training query
-    row attends softly, with exact gradients, to P taken at a softmax
-    temperature falling linearly from 1 to 0, whose limit is the argmax that
-    hard retrieval takes; ``train_retrieval`` from then on. A curriculum from
-    soft to hard in which the forward pass itself approaches retrieval (the
-    anneal mixes soft and hard rows instead), so it replaces ``anneal_updates``
-    and ``cooling_updates``; 0: none. ``entropy_penalty`` W: adds W times the
-    entropy of every training query row's P to the loss (``EntropyPenalty``);
-    0: none. All leave inference unchanged.
+    the start. Both leave inference unchanged. (Three more curricula, cooling
+    sampling into the argmax, sharpening the softmax and an entropy penalty,
+    made hard retrieval worse in every measured use and were removed:
+    HARD_PARITY.md names the commit that ran them.)
 
     A query with no unmasked key (all-masked row) attends to nothing: its
     output is zero before the output projection, in training and inference.
@@ -166,9 +124,7 @@ class HardRetrievalAttention(CachedProjectionAttention):
     pass instead: ``full_context_alignment`` of the models).
     """
 
-    def __init__(self, *args, train_retrieval: str = "sample", anneal_updates: int = 0,
-                 cooling_updates: int = 0, sharpening_updates: int = 0,
-                 entropy_penalty: float = 0.0, **kwargs):
+    def __init__(self, *args, train_retrieval: str = "sample", anneal_updates: int = 0, **kwargs):
         super().__init__(*args, **kwargs)
         if train_retrieval not in TRAIN_RETRIEVALS:
             raise ValueError(f"hard retrieval attention: train_retrieval must be one of "
@@ -176,52 +132,19 @@ class HardRetrievalAttention(CachedProjectionAttention):
         if anneal_updates < 0:
             raise ValueError(f"hard retrieval attention: anneal_updates must be >= 0, "
                              f"got {anneal_updates}")
-        if cooling_updates < 0:
-            raise ValueError(f"hard retrieval attention: cooling_updates must be >= 0, "
-                             f"got {cooling_updates}")
-        if cooling_updates and train_retrieval != "argmax":
-            raise ValueError("hard retrieval attention: cooling_updates cools sampling into "
-                             "the argmax: it needs train_retrieval='argmax'")
-        if sharpening_updates < 0:
-            raise ValueError(f"hard retrieval attention: sharpening_updates must be >= 0, "
-                             f"got {sharpening_updates}")
-        if sharpening_updates and (anneal_updates or cooling_updates):
-            raise ValueError("hard retrieval attention: sharpening_updates replaces the "
-                             "anneal_updates and cooling_updates curricula: set those to 0")
-        if not entropy_penalty >= 0.0:
-            raise ValueError(f"hard retrieval attention: entropy_penalty must be >= 0, "
-                             f"got {entropy_penalty}")
         self.train_retrieval = train_retrieval
-        self.entropy_penalty = entropy_penalty
         self.anneal_updates = anneal_updates
-        self.cooling_updates = cooling_updates
-        self.sharpening_updates = sharpening_updates
         self.num_updates = 0
 
     def set_num_updates(self, num_updates: int):
         """fairseq's trainer calls this on every module before each update."""
         self.num_updates = num_updates
 
-    def _progress(self, span: int) -> float:
-        """How far training is through a curriculum of ``span`` updates, from
-        0 to 1; a curriculum of 0 updates is over from the start."""
-        return min(1.0, self.num_updates / span) if span else 1.0
-
     def hard_share(self) -> float:
         """Probability that a training query row is retrieved hard."""
-        return self._progress(self.anneal_updates)
-
-    def sampling_temperature(self) -> float:
-        """Temperature of the training draw from P: 1 samples as the paper,
-        0 takes the argmax."""
-        if self.train_retrieval == "sample":
+        if not self.anneal_updates:
             return 1.0
-        return 1.0 - self._progress(self.cooling_updates)
-
-    def sharpening_temperature(self) -> float:
-        """Softmax temperature of the sharpening curriculum's soft attention;
-        0 once it is over (or without it): training retrieves hard."""
-        return 1.0 - self._progress(self.sharpening_updates)
+        return min(1.0, self.num_updates / self.anneal_updates)
 
     def attend(self, query, p, incremental_state, attn_mask, need_weights, need_head_weights):
         q, k, v, key_padding_mask, kv_bsz, tgt_len, bsz = p
@@ -272,22 +195,15 @@ class HardRetrievalAttention(CachedProjectionAttention):
         if empty is not None:
             # softmax of an all -inf row is NaN, and so is its gradient
             scores = scores.masked_fill(empty, 0.0)
-        sharpening = self.sharpening_temperature()
-        probs = F.softmax(scores / sharpening if sharpening else scores, dim=-1)
-        if self.entropy_penalty:
-            probs = EntropyPenalty.apply(probs, self.entropy_penalty)
+        probs = F.softmax(scores, dim=-1)
         dropped = self.dropout_module(probs)
-        if sharpening:
-            # the sharpening curriculum: every row soft, with exact gradients
-            return self._masked(torch.bmm(dropped.type_as(v), v), probs.detach(), empty)
-        sampling_weights = dropped.detach()
-        if dropped is not probs:
-            sampling_weights = sampling_weights + _ALL_DROPPED_FALLBACK_EPS * probs.detach()
-        temperature = self.sampling_temperature()
-        if temperature == 0.0:
+        if self.train_retrieval == "argmax":
             indices = scores.argmax(dim=-1)
         else:
-            indices = sample_key_indices(tempered(sampling_weights, temperature))
+            sampling_weights = dropped.detach()
+            if dropped is not probs:
+                sampling_weights = sampling_weights + _ALL_DROPPED_FALLBACK_EPS * probs.detach()
+            indices = sample_key_indices(sampling_weights)
         out = StraightThroughRetrieval.apply(dropped, v, indices)
         share = self.hard_share()
         if share < 1.0:
@@ -295,12 +211,8 @@ class HardRetrievalAttention(CachedProjectionAttention):
             soft = torch.bmm(dropped.type_as(v), v)
             hard_rows = torch.rand(out.shape[:-1] + (1,), device=out.device) < share
             out = torch.where(hard_rows, out, soft)
-        return self._masked(out, probs.detach(), empty)
-
-    @staticmethod
-    def _masked(out: Tensor, probs: Tensor, empty: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
-        """Zeroes the outputs and weights of queries without keys."""
-        if empty is not None:
+        probs = probs.detach()
+        if empty is not None:  # queries without keys attend to nothing
             out = out.masked_fill(empty, 0.0)
             probs = probs.masked_fill(empty, 0.0)
         return out, probs
