@@ -30,10 +30,25 @@ def _cuda_missing(match):
     return "this command runs on a CUDA GPU and torch finds none: add --cpu"
 
 
+def _missing_file(match):
+    path = match.group(1)
+    if os.path.basename(path).startswith("dict."):
+        return (f"no dictionary {path}: give the data directory that fairseq-preprocess wrote "
+                "(it holds dict.*.txt and the binarized splits)")
+    return f"no such file or directory: {path}"
+
+
+def _missing_split(match):
+    return (f"no {match.group(1)!r} split in {match.group(2)} (--gen-subset / --valid-subset name "
+            "a split that fairseq-preprocess binarized: train, valid, test, ...)")
+
+
 # errors fairseq and torch raise for a user's input, as (exception type, exact
 # type only, pattern of the message, what to say: None = the message itself)
 _INPUT_ERRORS = (
     (Exception, True, re.compile(r"Size of sample #\d+ is invalid"), None),
+    (FileNotFoundError, False, re.compile(r"Dataset not found: (\S+) \((.*)\)"), _missing_split),
+    (FileNotFoundError, False, re.compile(r"No such file or directory: '(.*)'"), _missing_file),
     (AssertionError, False, re.compile(r"Torch not compiled with CUDA enabled"), _cuda_missing),
     (RuntimeError, False, re.compile(r"Found no NVIDIA driver|No CUDA GPUs are available"),
      _cuda_missing),
@@ -42,10 +57,20 @@ _INPUT_ERRORS = (
 )
 
 
+def _raised_in_literal_eval(exc) -> bool:
+    """fairseq reads --model-overrides with ``ast.literal_eval``."""
+    return isinstance(exc, (ValueError, SyntaxError)) and any(
+        frame.name == "literal_eval" for frame in traceback.extract_tb(exc.__traceback__))
+
+
 def one_line(exc):
     """The line to print for ``exc``, or None when it is not a user's error."""
     if isinstance(exc, ConfigError):
         return str(exc)
+    if _raised_in_literal_eval(exc):
+        option = "--model-overrides" if "--model-overrides" in sys.argv else "an option's value"
+        return (f"{option} must be a Python literal, every string quoted, e.g. "
+                f"\"{{'dec_self_attn_kind': 'soft'}}\" [{type(exc).__name__}: {exc}]")
     cause = exc.__cause__ or exc.__context__
     while cause is not None and not isinstance(cause, ConfigError):
         cause = cause.__cause__ or cause.__context__
@@ -155,6 +180,12 @@ class ClearCheckpointErrors:
                     "normalizes before each layer (--encoder-normalize-before "
                     "--decoder-normalize-before, the _prenorm presets): use the preset without "
                     "_prenorm") from None
+            if unexpected and set(unexpected) <= final_norms and not missing:
+                raise ConfigError(
+                    f"the checkpoint does not fit {name}: it has final layer norms "
+                    f"({', '.join(unexpected)}), so it was trained with pre-norm layers; {name} "
+                    "normalizes after each layer (post-norm): use its _prenorm preset (or "
+                    "--encoder-normalize-before --decoder-normalize-before)") from None
             raise ConfigError(
                 f"the checkpoint does not fit {name}: {detail}. Checkpoints convert between "
                 "attention kinds of the same sublayers (soft/hard, + fresh gates for flexible or "

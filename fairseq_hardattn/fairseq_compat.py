@@ -31,13 +31,14 @@ Each piece names the fairseq behaviour it changes and is pinned by a test
   model family does not read (``print_cps`` on a hard model) changes nothing,
   silently. For this plugin's models we refuse both, in one line naming the
   key and the closest known ones.
-- Checkpoints loaded without the plugin: a legacy model's options are an
-  ``argparse.Namespace``, which torch >= 2.6 refuses to unpickle unless told,
-  so fairseq's hub without ``user_dir=`` fails with "Unsupported global:
-  argparse.Namespace", no word of the plugin. This plugin's models keep their
-  options as ``PluginModelArgs``, a Namespace under this plugin's name: that
-  refusal names ``fairseq_hardattn``, and where torch unpickles freely the
-  plugin is imported by the checkpoint itself.
+- Checkpoints loaded without the plugin: this plugin's models keep their
+  options as a plain ``argparse.Namespace``, as fairseq's own do, so a
+  checkpoint needs none of the plugin's classes to be read. (Until 2026-11 they
+  were a ``PluginModelArgs``, a Namespace under this plugin's name; such
+  checkpoints still load, and are saved plain again.) Without the plugin,
+  fairseq names what it cannot build (``Requested model type:
+  transformer_hard_dec``) and the training's ``user_dir`` in the options it
+  prints.
 - ``--no-repeat-ngram-size``: fairseq's Python n-gram blocker (every CPU run,
   and GPU runs of this build, which ships no CUDA extension for it) compares
   the last n-1 entries of the whole preallocated token buffer (padding) with
@@ -55,13 +56,15 @@ import difflib
 import functools
 import logging
 import os
+import re
 import sys
 import traceback
 import warnings
 
 import numpy
 import torch
-from fairseq import checkpoint_utils, ngram_repeat_block
+from fairseq import checkpoint_utils, hub_utils, ngram_repeat_block
+from fairseq.models import fairseq_model
 from fairseq.data import data_utils
 
 from .errors import ConfigError, report_error
@@ -77,15 +80,15 @@ _HUB_KEYS = {"is_vocoder", "generation_args"}
 
 
 class PluginModelArgs(argparse.Namespace):
-    """The options of a model of this plugin, as saved in its checkpoints
-    (keep this name: checkpoints refer to it)."""
+    """The options of this plugin's models in checkpoints saved until 2026-11
+    (keep this name: those checkpoints refer to it)."""
 
 
-def mark_plugin_args(args):
-    """Make ``args`` (a model's options, saved with its checkpoints) a
-    ``PluginModelArgs``."""
-    if type(args) is argparse.Namespace:
-        args.__class__ = PluginModelArgs
+def plain_args(args):
+    """``args`` (a model's options, saved with its checkpoints) as fairseq's
+    own ``argparse.Namespace``: readable without this plugin's classes."""
+    if type(args) is PluginModelArgs:
+        args.__class__ = argparse.Namespace
     return args
 
 
@@ -119,6 +122,11 @@ def readable_checkpoints(load_checkpoint_to_cpu):
 
     @functools.wraps(load_checkpoint_to_cpu)
     def load(path, *args, **kwargs):
+        if os.path.isdir(path):
+            found = sorted(name for name in os.listdir(path) if name.endswith(".pt"))
+            hint = f" ({', '.join(found[:4])})" if found else " (there is none in it)"
+            raise ConfigError(f"the checkpoint {path} is a directory: give a checkpoint file "
+                              f"in it{hint}")
         if os.path.isfile(path) and os.path.getsize(path) == 0:
             raise ConfigError(f"the checkpoint {path} is an empty file")
         try:
@@ -245,6 +253,12 @@ def check_model_overrides(cfg, overrides, name=None):
 
     name = name or _model_name(cfg, overrides)
     model_class = _model_class(name)
+    if "_name" in overrides and model_class is None:
+        from fairseq.models import ARCH_MODEL_REGISTRY
+
+        close = difflib.get_close_matches(str(overrides["_name"]), sorted(ARCH_MODEL_REGISTRY), n=3)
+        hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+        raise ConfigError(f"--model-overrides '_name' {overrides['_name']!r} is no architecture{hint}")
     per_class, ours = plugin_options()
     if _is_plugin(model_class):
         family = per_class[model_class]
@@ -340,6 +354,132 @@ def generated_tokens_only(no_repeat_ngram):
     return blocked
 
 
+# --- first contact: half precision, the hub, interactive, the command line ---
+
+
+def cpu_precision_checked(prepare_for_inference):
+    """Wrap ``BaseFairseqModel.prepare_for_inference_``, which fairseq-generate,
+    fairseq-interactive and the hub call on every model before decoding:
+    ``--fp16`` without a GPU would decode in half precision on the CPU (other
+    hypotheses, several times slower) and ``--bf16`` is not applied by
+    fairseq's decoding tools at all; both stop in one line instead."""
+
+    @functools.wraps(prepare_for_inference)
+    def prepare(self, cfg):
+        common = getattr(cfg, "common", None)
+        on_cpu = getattr(common, "cpu", False) or not torch.cuda.is_available()
+        if getattr(common, "fp16", False) and on_cpu:
+            raise ConfigError("--fp16 needs a CUDA GPU to decode (on the CPU fairseq would decode in "
+                              "half precision: other hypotheses, several times slower): decode "
+                              "without --fp16")
+        if getattr(common, "bf16", False):
+            raise ConfigError("--bf16 is not applied by fairseq's decoding tools (they decode in "
+                              "float32, or in float16 with --fp16 on a GPU): decode without --bf16")
+        return prepare_for_inference(self, cfg)
+
+    return prepare
+
+
+def hub_paths_checked(from_pretrained):
+    """Wrap fairseq's ``hub_utils.from_pretrained``: a model directory or
+    checkpoint that does not exist is one ``ConfigError`` naming it (fairseq
+    fails with a ``TypeError`` about ``None``)."""
+
+    @functools.wraps(from_pretrained)
+    def load(model_name_or_path, checkpoint_file="model.pt", data_name_or_path=".",
+             archive_map=None, **kwargs):
+        if (isinstance(model_name_or_path, str) and not (archive_map and model_name_or_path in archive_map)
+                and not model_name_or_path.startswith(("http://", "https://"))):
+            if not os.path.exists(model_name_or_path):
+                raise ConfigError(f"from_pretrained: no model directory {model_name_or_path!r}")
+            missing = [name for name in checkpoint_file.split(os.pathsep)
+                       if not os.path.isfile(os.path.join(model_name_or_path, name))]
+            if missing:
+                found = sorted(n for n in os.listdir(model_name_or_path) if n.endswith(".pt"))
+                raise ConfigError(f"from_pretrained: no checkpoint_file {missing[0]!r} in "
+                                  f"{model_name_or_path} (it has: {', '.join(found) or 'no .pt file'})")
+        return from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path, archive_map,
+                               **kwargs)
+
+    return load
+
+
+def _source_positions(max_positions):
+    if isinstance(max_positions, (tuple, list)):
+        return max_positions[0]
+    return max_positions
+
+
+def long_lines_skipped(make_batches):
+    """Wrap fairseq-interactive's ``make_batches``: a line longer than the
+    model's source positions ended the whole session ("Size of sample #0 is
+    invalid") and the lines after it were never translated. Such a line is
+    now named in one line on stderr and skipped; the session goes on."""
+    lines_read = [0]  # across the calls of this session, for the line numbers
+
+    @functools.wraps(make_batches)
+    def batches(lines, cfg, task, max_positions, encode_fn):
+        first_line, lines_read[0] = lines_read[0], lines_read[0] + len(lines)
+        limit = _source_positions(max_positions)
+        if limit is not None:
+            _, lengths = task.get_interactive_tokens_and_lengths(lines, encode_fn)
+            too_long = [(i, n) for i, n in enumerate(lengths) if n > limit]
+            for i, n in too_long:
+                print(f"fairseq-hardattn: error: input line {first_line + i + 1} has {n} tokens, more "
+                      f"than the model's {limit} source positions: not translated", file=sys.stderr,
+                      flush=True)
+            if too_long and not cfg.dataset.skip_invalid_size_inputs_valid_test:
+                # fairseq's own filter drops them, keeping every other line's id
+                from omegaconf import open_dict
+
+                with open_dict(cfg):
+                    cfg.dataset.skip_invalid_size_inputs_valid_test = True
+                try:
+                    yield from make_batches(lines, cfg, task, max_positions, encode_fn)
+                finally:
+                    with open_dict(cfg):
+                        cfg.dataset.skip_invalid_size_inputs_valid_test = False
+                return
+        yield from make_batches(lines, cfg, task, max_positions, encode_fn)
+
+    return batches
+
+
+def _is_fairseq_parser(parser) -> bool:
+    return any("--user-dir" in action.option_strings for action in parser._actions)
+
+
+def _nearest(word, choices):
+    close = difflib.get_close_matches(word, choices, n=3, cutoff=0.6)
+    return f" (did you mean {' or '.join(close)}?)" if close else ""
+
+
+def one_line_usage_errors(error):
+    """Wrap ``argparse.ArgumentParser.error`` for fairseq's parsers (those
+    with ``--user-dir``): a misspelt ``--arch`` printed the whole usage and a
+    line of every architecture, an unknown option the usage before the
+    message. One line instead, with the nearest names."""
+
+    @functools.wraps(error)
+    def one_line(self, message):
+        if not _is_fairseq_parser(self):
+            return error(self, message)
+        choice = re.match(r"argument (\S+): invalid choice: '(.*?)' \(choose from (.*)\)$", message, re.S)
+        if choice:
+            option, value, choices = choice.groups()
+            names = re.findall(r"'([^']*)'", choices)
+            option = option.split("/")[0]
+            message = f"unknown {option} {value!r}{_nearest(value, names)}"
+        elif message.startswith("unrecognized arguments: "):
+            options = sorted(o for action in self._actions for o in action.option_strings)
+            unknown = message.split(": ", 1)[1].split()
+            hints = "".join(_nearest(u, options) for u in unknown if u.startswith("-"))
+            message = f"unrecognized arguments: {' '.join(unknown)}{hints}"
+        self.exit(2, f"fairseq-hardattn: error: {message} (--help lists the options)\n")
+
+    return one_line
+
+
 # --- noise ------------------------------------------------------------------
 
 # (category, message pattern) of warnings about fairseq's own code
@@ -383,3 +523,9 @@ def install():
     _wrap(checkpoint_utils, "load_checkpoint_to_cpu", readable_checkpoints)
     _wrap(checkpoint_utils, "overwrite_args_by_name", checked_overrides)
     _wrap(ngram_repeat_block.NGramRepeatBlock, "_no_repeat_ngram", generated_tokens_only)
+    _wrap(fairseq_model.BaseFairseqModel, "prepare_for_inference_", cpu_precision_checked)
+    _wrap(hub_utils, "from_pretrained", hub_paths_checked)
+    _wrap(argparse.ArgumentParser, "error", one_line_usage_errors)
+    import fairseq_cli.interactive
+
+    _wrap(fairseq_cli.interactive, "make_batches", long_lines_skipped)

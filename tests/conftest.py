@@ -246,6 +246,25 @@ def load_with_overrides(checkpoint, overrides):
     return models[0]
 
 
+def interactive(data, checkpoint, lines, *extra):
+    """fairseq-interactive on ``lines`` (it may fail: check its return code)."""
+    return run_cli(
+        "fairseq-interactive", data, "--user-dir", USER_DIR, "--path", checkpoint, "--cpu",
+        "--beam", 4, "--max-len-b", MAX_LEN_B, "--source-lang", "src", "--target-lang", "tgt", *extra,
+        check=False, input="\n".join(lines) + "\n",
+    )
+
+
+def one_error_line(proc, expected):
+    """The tool failed with exactly one error line, which contains ``expected``."""
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and errors[0].startswith("fairseq-hardattn: error: "), errors
+    assert expected in errors[0], errors[0]
+    return errors[0]
+
+
 def hypotheses(stdout):
     return re.findall(r"^H-(\d+)\t", stdout, flags=re.M)
 

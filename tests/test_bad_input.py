@@ -13,17 +13,9 @@ from fairseq_hardattn.modules import (
     LocalAttention,
 )
 
-from conftest import MAX_LEN_B, USER_DIR, build_model, generate, make_dictionary, run_cli
+from conftest import build_model, generate, interactive, make_dictionary
 
 ARCHS = fairseq_hardattn.registered_architectures()
-
-
-def interactive(data, checkpoint, lines, *extra):
-    return run_cli(
-        "fairseq-interactive", data, "--user-dir", USER_DIR, "--path", checkpoint, "--cpu",
-        "--beam", 4, "--max-len-b", MAX_LEN_B, "--source-lang", "src", "--target-lang", "tgt", *extra,
-        check=False, input="\n".join(lines) + "\n",
-    )
 
 
 ODD_LINES = ["s1 s2 s3", "", "   \t ", "s4 ∂∂ ünknöwn s5", "s7 s8"]
@@ -37,19 +29,6 @@ def test_interactive_survives_empty_blank_and_unknown_input(trained_checkpoints,
     # one hypothesis per input line, the unknown words as <unk>
     assert sorted(map(int, re.findall(r"^H-(\d+)", proc.stdout, flags=re.M))) == list(range(5))
     assert re.search(r"^S-3\ts4 <unk> <unk> s5$", proc.stdout, flags=re.M)
-
-
-def test_too_long_sentence_is_refused_in_one_line_or_skipped(trained_checkpoints, reorder_data):
-    too_long = " ".join(["s3"] * 1100)  # the model's maximum is 1024 positions
-    lines = ["s1 s2", too_long, "s7 s8"]
-    refused = interactive(reorder_data, trained_checkpoints["hard"], lines)
-    assert refused.returncode != 0 and "Traceback" not in refused.stderr
-    assert re.search(r"fairseq-hardattn: error: Size of sample #0 is invalid .*"
-                     r"--skip-invalid-size-inputs-valid-test", refused.stderr)
-    skipped = interactive(reorder_data, trained_checkpoints["hard"], lines,
-                          "--skip-invalid-size-inputs-valid-test")
-    assert skipped.returncode == 0, skipped.stderr[-2000:]
-    assert len(re.findall(r"^H-", skipped.stdout, flags=re.M)) == 2  # the others translated
 
 
 @pytest.mark.parametrize("arch", ARCHS)

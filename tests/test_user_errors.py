@@ -3,8 +3,6 @@ error: ...``), through fairseq's own tools and the hub, never a traceback;
 ``LOGLEVEL=DEBUG`` keeps the traceback for debugging."""
 
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -14,20 +12,11 @@ from conftest import (
     TINY_DIM_FLAGS,
     USER_DIR,
     generate,
+    one_error_line,
     preprocess,
     run_cli,
     tool_env,
 )
-
-
-def one_error_line(proc, expected):
-    """The tool failed with exactly one error line, which contains ``expected``."""
-    assert proc.returncode != 0
-    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
-    assert len(errors) == 1 and errors[0].startswith("fairseq-hardattn: error: "), errors
-    assert expected in errors[0], errors[0]
-    return errors[0]
 
 
 @pytest.fixture(scope="module")
@@ -105,29 +94,6 @@ def test_model_overrides_nothing_reads(trained_checkpoints, reorder_data, overri
     proc = generate(reorder_data, trained_checkpoints["hard"], "--model-overrides", overrides,
                     check=False)
     one_error_line(proc, expected)
-
-
-HUB_SCRIPT = """
-import sys
-from fairseq.models.transformer import TransformerModel
-hub = TransformerModel.from_pretrained(sys.argv[1], checkpoint_file=sys.argv[2],
-                                       data_name_or_path=sys.argv[3])
-print(hub.translate("s1 s2 s3", beam=2))
-"""
-
-
-def test_hub_without_user_dir(trained_checkpoints, reorder_data):
-    """A fresh Python process that never imports the plugin: torch's refusal
-    names it; where torch unpickles freely, the checkpoint imports it."""
-    checkpoint = trained_checkpoints["hard"]
-    argv = [sys.executable, "-c", HUB_SCRIPT, str(checkpoint.parent), checkpoint.name,
-            str(reorder_data)]
-    refused = subprocess.run(argv, env=tool_env(), capture_output=True, text=True)
-    assert refused.returncode != 0
-    assert "fairseq_hardattn.fairseq_compat.PluginModelArgs" in refused.stderr
-    loaded = subprocess.run(argv, env=tool_env(TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="1"),
-                            capture_output=True, text=True)
-    assert loaded.returncode == 0, loaded.stderr[-3000:]
 
 
 def test_a_distillation_teacher_of_another_dictionary(trained_checkpoints, small_data, tmp_path):

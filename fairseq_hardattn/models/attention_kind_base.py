@@ -42,7 +42,7 @@ from fairseq.modules.transformer_layer import (
 )
 
 from ..errors import ClearCheckpointErrors, ConfigError, check_joined_dictionary, data_dir
-from ..fairseq_compat import mark_plugin_args
+from ..fairseq_compat import plain_args
 from ..modules import ATTENTION_KINDS, HardRetrievalAttention, TopKAttention, sentence_groups
 from ..modules.hard_retrieval_attention import TRAIN_RETRIEVALS
 from . import decoding_engine
@@ -74,6 +74,11 @@ def flag(option):
 def attention_kind(cfg, option, kinds):
     """Class for the kind that ``option`` selects, with a clear error if unknown."""
     kind = getattr(cfg, option, None) or "soft"
+    if kind == REPLACED:
+        raise ConfigError(
+            f"the checkpoint's family replaces its {ATTENTION_KIND_OPTIONS[option]} ({flag(option)} "
+            f"is {REPLACED!r}, e.g. the average attention network's), so it cannot be built as "
+            f"{model_name(cfg)}: decode it with its own architecture")
     if kind not in kinds:
         raise ConfigError(f"unknown {flag(option)} {kind!r}; choose one of: {', '.join(kinds)}")
     return kinds[kind]
@@ -81,7 +86,7 @@ def attention_kind(cfg, option, kinds):
 
 def model_name(args):
     """The architecture ``args`` build (``_name`` wins, as in fairseq's build_model)."""
-    return getattr(args, "_name", None) or args.arch
+    return getattr(args, "_name", None) or getattr(args, "arch", None) or "this architecture"
 
 
 def warn_if_preset_overruled(args):
@@ -318,7 +323,7 @@ class AttentionKindTransformerModel(ClearCheckpointErrors, TransformerModel):
         base_architecture(args)
         cls.validate_args(args)
         check_joined_dictionary(args, task)
-        mark_plugin_args(args)
+        plain_args(args)
         warn_if_preset_overruled(args)
         model = super().build_model(args, task)
         model.data_dir = data_dir(task)

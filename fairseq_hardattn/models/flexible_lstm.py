@@ -13,7 +13,7 @@ from fairseq.models import lstm, register_model, register_model_architecture
 from fairseq.models.lstm import LSTMDecoder, LSTMModel
 
 from ..errors import ClearCheckpointErrors, ConfigError, check_joined_dictionary, data_dir
-from ..fairseq_compat import mark_plugin_args
+from ..fairseq_compat import plain_args
 from ..modules import FlexibleLSTMAttention
 from .attention_kind_base import set_defaults
 from .flexible_options import FlexibleAttentionOptions
@@ -77,7 +77,7 @@ class FlexibleLSTMModel(ClearCheckpointErrors, FlexibleAttentionOptions, LSTMMod
         flexible_lstm_defaults(args)
         threshold = cls.prepare_flexible_build(args, task)
         check_joined_dictionary(args, task)
-        mark_plugin_args(args)
+        plain_args(args)
         model = super().build_model(args, task)
         FlexibleLSTMDecoder.adopt(model.decoder, sigma=args.flexible_sigma,
                                   gate_dim=args.flexible_gate_dim)

@@ -1,0 +1,184 @@
+"""A new user's first mistakes, each through the entry point a user would
+use (fairseq's command-line tools or the hub): one line naming the problem,
+the override applied, or the session kept (the README's troubleshooting
+table lists them)."""
+
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+from fairseq.models.transformer import TransformerModel
+
+import fairseq_hardattn
+from fairseq_hardattn import ConfigError
+from fairseq_hardattn.modules import HardRetrievalAttention
+
+from conftest import (BIN_DIR, MAX_LEN_B, REPO, TINY_DIM_FLAGS, TRAIN_FLAGS, USER_DIR, generate, hypotheses,
+                      interactive, load_with_overrides, one_error_line, run_cli, tool_env, train)
+
+HARD_KINDS = "{'dec_self_attn_kind': 'hard', 'dec_cross_attn_kind': 'hard'}"
+
+
+@pytest.fixture(scope="module")
+def other_checkpoints(reorder_data, tmp_path_factory):
+    """An average attention network and a pre-norm soft model, a few updates each."""
+    root = tmp_path_factory.mktemp("other")
+    train(reorder_data, root / "aan", "transformer_aan", updates=2)
+    train(reorder_data, root / "soft_pre", "transformer_soft_prenorm", updates=2)
+    return {name: root / name / "checkpoint_last.pt" for name in ("aan", "soft_pre")}
+
+
+def test_plugin_overrides_apply_to_a_fairseq_transformer_checkpoint(trained_checkpoints, reorder_data):
+    """The paper's Table 4 on a plain fairseq `transformer` checkpoint: the
+    overrides decode it hard (CLI and hub), and keys of another family or of
+    no model stop in one line."""
+    soft = trained_checkpoints["soft"]
+    model = load_with_overrides(soft, eval(HARD_KINDS))
+    hard = [m for m in model.modules() if isinstance(m, HardRetrievalAttention)]
+    assert len(hard) == 2 * len(model.decoder.layers)
+    as_soft = generate(reorder_data, soft).stdout
+    as_hard = generate(reorder_data, soft, "--model-overrides", HARD_KINDS).stdout
+    assert hypotheses(as_hard) and re.findall(r"^H-.*", as_soft, re.M) != re.findall(r"^H-.*", as_hard, re.M)
+    hub = TransformerModel.from_pretrained(str(soft.parent), checkpoint_file=soft.name,
+                                           data_name_or_path=str(reorder_data), user_dir=USER_DIR,
+                                           dec_self_attn_kind="hard", dec_cross_attn_kind="hard")
+    assert any(isinstance(m, HardRetrievalAttention) for m in hub.models[0].modules())
+    assert hub.translate("s1 s2 s3", beam=2)
+    for overrides, expected in (("{'flexible_threshold': 1.5}", "does not apply to a fairseq transformer"),
+                                ("{'no_such_key': 1}", "'no_such_key' is no option of transformer")):
+        one_error_line(generate(reorder_data, soft, "--model-overrides", overrides, check=False), expected)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize("flag, expected", [("--fp16", "--fp16 needs a CUDA GPU to decode"),
+                                            ("--bf16", "--bf16 is not applied by fairseq's decoding tools")])
+def test_half_precision_decoding_on_a_cpu_stops(trained_checkpoints, reorder_data, flag, expected):
+    one_error_line(generate(reorder_data, trained_checkpoints["hard"], flag, check=False), expected)
+    one_error_line(interactive(reorder_data, trained_checkpoints["hard"], ["s1 s2"], flag), expected)
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    ("{'_name': 'transformer_hard_dex'}",
+     "'_name' 'transformer_hard_dex' is no architecture; did you mean 'transformer_hard_dec'"),
+    ("{'dec_self_attn_kind': soft}", "--model-overrides must be a Python literal, every string quoted"),
+    ("{'dec_self_attn_kind': 'soft'", "--model-overrides must be a Python literal"),
+])
+def test_malformed_model_overrides(trained_checkpoints, reorder_data, overrides, expected):
+    one_error_line(generate(reorder_data, trained_checkpoints["hard"], "--model-overrides", overrides,
+                            check=False), expected)
+
+
+HUB_SCRIPT = """
+import sys
+import torch
+from fairseq.models.transformer import TransformerModel
+# a plain fairseq checkpoint: nothing but argparse.Namespace needs allowing
+torch.serialization.add_safe_globals([__import__("argparse").Namespace])
+state = torch.load(sys.argv[1], weights_only=True)
+print(type(state["cfg"]["model"]).__module__, state["cfg"]["model"].arch)
+"""
+
+
+def test_checkpoints_need_none_of_the_plugins_classes(trained_checkpoints, reorder_data):
+    """Read in a process that never imports the plugin; and the repository
+    root given as --user-dir loads the plugin."""
+    checkpoint = trained_checkpoints["hard"]
+    proc = subprocess.run([sys.executable, "-c", HUB_SCRIPT, str(checkpoint)], env=tool_env(),
+                          capture_output=True, text=True, cwd="/")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["argparse", "transformer_hard_dec"]
+    from_root = run_cli("fairseq-generate", reorder_data, "--user-dir", REPO, "--path", checkpoint,
+                        "--cpu", "--beam", 2, "--max-len-b", MAX_LEN_B)
+    assert len(hypotheses(from_root.stdout)) == 20
+
+
+def test_paths_that_are_not_there(trained_checkpoints, reorder_data, tmp_path):
+    hard = trained_checkpoints["hard"]
+    one_error_line(generate(reorder_data, hard.parent, check=False),
+                   f"the checkpoint {hard.parent} is a directory: give a checkpoint file in it")
+    one_error_line(generate(reorder_data, hard, "--gen-subset", "tst", check=False),
+                   "no 'tst' split in")
+    one_error_line(generate(tmp_path / "no-data-bin", hard, check=False),
+                   f"no such file or directory: {tmp_path / 'no-data-bin'}")
+    one_error_line(run_cli("fairseq-train", tmp_path / "no-data-bin", "--arch", "transformer_hard_dec",
+                           *TRAIN_FLAGS, *TINY_DIM_FLAGS, "--save-dir", tmp_path, check=False),
+                   "no such file or directory")
+    with pytest.raises(ConfigError, match="from_pretrained: no model directory 'nope'"):
+        TransformerModel.from_pretrained("nope", checkpoint_file="checkpoint_last.pt",
+                                         user_dir=fairseq_hardattn.USER_DIR)
+    with pytest.raises(ConfigError, match=r"no checkpoint_file 'model.pt' in .* checkpoint_last.pt"):
+        TransformerModel.from_pretrained(str(hard.parent), data_name_or_path=str(reorder_data),
+                                         user_dir=fairseq_hardattn.USER_DIR)
+
+
+def test_a_line_too_long_for_the_model_is_named_and_the_session_goes_on(trained_checkpoints, reorder_data):
+    lines = ["s1 s2", "s4 s5", "s3 " * 1100, "s7 s8"]
+    proc = interactive(reorder_data, trained_checkpoints["hard"], lines, "--buffer-size", 2)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert ("fairseq-hardattn: error: input line 3 has 1101 tokens, more than the model's 1024 "
+            "source positions: not translated") in proc.stderr
+    assert sorted(map(int, hypotheses(proc.stdout))) == [0, 1, 3]
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--arch", "transformer_hard_dex"],
+     "unknown --arch 'transformer_hard_dex' (did you mean transformer_hard_dec"),
+    (["--arch", "transformer_hard_dec", "--hard-anneal-update", "5"],
+     "unrecognized arguments: --hard-anneal-update 5 (did you mean --hard-anneal-updates"),
+])
+def test_misspelt_command_lines_are_one_line_with_the_nearest_names(reorder_data, tmp_path, args, expected):
+    proc = run_cli("fairseq-train", reorder_data, *args, *TRAIN_FLAGS, "--save-dir", tmp_path, check=False)
+    one_error_line(proc, expected)
+    assert len(proc.stderr.strip().splitlines()) == 1 and "usage:" not in proc.stderr
+
+
+def test_checkpoints_of_another_family_or_normalisation(other_checkpoints, reorder_data, tmp_path):
+    one_error_line(generate(reorder_data, other_checkpoints["aan"], "--model-overrides",
+                            "{'_name': 'transformer_hard_dec'}", check=False),
+                   "the checkpoint's family replaces its decoder self-attention")
+    proc = run_cli("fairseq-train", reorder_data, "--arch", "transformer_hard_dec", *TRAIN_FLAGS,
+                   *TINY_DIM_FLAGS, "--max-update", 1, "--save-dir", tmp_path,
+                   "--finetune-from-model", other_checkpoints["soft_pre"], check=False)
+    one_error_line(proc, "it has final layer norms")
+    assert "trained with pre-norm layers" in proc.stderr and "use its _prenorm preset" in proc.stderr
+
+
+def test_the_bpe_of_interactive_and_the_hub_splits_as_the_training_data(tmp_path):
+    """--bpe subword_nmt_vocab applies subword-nmt's vocabulary filter, as
+    bpe_binarize.sh does; fairseq's subword_nmt does not."""
+    from fairseq.data.encoders import build_bpe
+    from argparse import Namespace
+
+    # "ab" is always merged on into abx, aby or abz: the filter undoes it elsewhere
+    (tmp_path / "train").write_text("abx aby abz\n" * 20)
+    subword_nmt = [str(BIN_DIR / "subword-nmt")]
+    subprocess.run([*subword_nmt, "learn-joint-bpe-and-vocab", "--input", tmp_path / "train", "-s", "4",
+                    "-o", tmp_path / "codes", "--write-vocabulary", tmp_path / "vocab"], check=True,
+                   capture_output=True)
+    sentence = "abq abx"
+    applied = subprocess.run([*subword_nmt, "apply-bpe", "-c", tmp_path / "codes", "--vocabulary",
+                              tmp_path / "vocab", "--vocabulary-threshold", "1"], input=sentence + "\n",
+                             capture_output=True, text=True, check=True).stdout.strip()
+    ours = build_bpe(Namespace(bpe="subword_nmt_vocab", bpe_codes=str(tmp_path / "codes"),
+                               bpe_vocabulary=str(tmp_path / "vocab"), bpe_vocabulary_threshold=1,
+                               bpe_separator="@@"))
+    fairseqs = build_bpe(Namespace(bpe="subword_nmt", bpe_codes=str(tmp_path / "codes"), bpe_separator="@@"))
+    assert ours.encode(sentence) == applied == "a@@ b@@ q abx"
+    assert fairseqs.encode(sentence) != applied  # the case the filter is for
+    assert ours.decode(ours.encode(sentence)) == sentence
+
+
+def test_quickstart_prints_the_error_of_a_failing_step(reorder_data, tmp_path):
+    raw = reorder_data.parent / "raw"
+    proc = subprocess.run(["bash", str(REPO / "examples" / "quickstart.sh"), str(raw), "src", "tgt",
+                           str(tmp_path / "work")], env=tool_env(ARCH="transformer_hard_dec_smal", EPOCHS="1"),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0
+    assert "quickstart.sh: training transformer_hard_dec_smal for 1 epochs failed" in proc.stderr
+    assert "fairseq-hardattn: error: unknown --arch 'transformer_hard_dec_smal'" in proc.stderr
+    missing = subprocess.run(["bash", str(REPO / "examples" / "quickstart.sh"), str(raw), "src", "tgt",
+                              str(tmp_path / "work2")], env=tool_env(VALID="val"),
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and f"missing {raw}/val.src" in missing.stderr
