@@ -445,6 +445,29 @@ def long_lines_skipped(make_batches):
     return batches
 
 
+def plugin_search_routed(build_generator):
+    """Wrap ``FairseqTask.build_generator``, through which fairseq-generate,
+    fairseq-interactive, ``--eval-bleu`` and the hub get their generator:
+    this plugin's models decode with its beam search where they ask for it
+    (``--decoding-engine``) and it supports the options
+    (``generation.generator_class``); everything else as fairseq builds it."""
+
+    @functools.wraps(build_generator)
+    def build(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None,
+              prefix_allowed_tokens_fn=None):
+        if seq_gen_cls is None:
+            from .generation import generator_class
+
+            chosen = generator_class(models, args, extra_gen_cls_kwargs, prefix_allowed_tokens_fn)
+            if chosen is not None:
+                seq_gen_cls, extra_gen_cls_kwargs = chosen
+        return build_generator(self, models, args, seq_gen_cls=seq_gen_cls,
+                               extra_gen_cls_kwargs=extra_gen_cls_kwargs,
+                               prefix_allowed_tokens_fn=prefix_allowed_tokens_fn)
+
+    return build
+
+
 def _is_fairseq_parser(parser) -> bool:
     return any("--user-dir" in action.option_strings for action in parser._actions)
 
@@ -469,7 +492,8 @@ def one_line_usage_errors(error):
             option, value, choices = choice.groups()
             names = re.findall(r"'([^']*)'", choices)
             option = option.split("/")[0]
-            message = f"unknown {option} {value!r}{_nearest(value, names)}"
+            hint = _nearest(value, names) or (f"; choose one of: {', '.join(names)}" if len(names) <= 12 else "")
+            message = f"unknown {option} {value!r}{hint}"
         elif message.startswith("unrecognized arguments: "):
             options = sorted(o for action in self._actions for o in action.option_strings)
             unknown = message.split(": ", 1)[1].split()
@@ -525,6 +549,9 @@ def install():
     _wrap(ngram_repeat_block.NGramRepeatBlock, "_no_repeat_ngram", generated_tokens_only)
     _wrap(fairseq_model.BaseFairseqModel, "prepare_for_inference_", cpu_precision_checked)
     _wrap(hub_utils, "from_pretrained", hub_paths_checked)
+    from fairseq.tasks import FairseqTask
+
+    _wrap(FairseqTask, "build_generator", plugin_search_routed)
     _wrap(argparse.ArgumentParser, "error", one_line_usage_errors)
     import fairseq_cli.interactive
 

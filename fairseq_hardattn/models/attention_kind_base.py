@@ -45,6 +45,7 @@ from ..errors import ClearCheckpointErrors, ConfigError, check_joined_dictionary
 from ..fairseq_compat import plain_args
 from ..modules import ATTENTION_KINDS, HardRetrievalAttention, TopKAttention, sentence_groups
 from ..modules.hard_retrieval_attention import TRAIN_RETRIEVALS
+from ..generation.int8 import check_int8_decoding, quantize_for_decoding
 from . import decoding_engine
 
 logger = logging.getLogger(__name__)
@@ -278,6 +279,10 @@ class AttentionKindTransformerModel(ClearCheckpointErrors, TransformerModel):
                                  "'static' (preallocated caches written in place), 'graph' "
                                  "(static, the step replayed as a CUDA graph); see "
                                  "models/decoding_engine.py")
+        parser.add_argument("--int8-decoding", action="store_true",
+                            help="decode with int8 Linear layers (PyTorch's dynamic quantization, "
+                                 "CPU only); a decoding-time --model-overrides key or hub "
+                                 "argument (int8_decoding=True)")
         parser.add_argument("--retrieval-k", type=int, metavar="K",
                             help="keys each head of a topk sublayer attends to (its K highest "
                                  "scores, softmax over those; 1: hard retrieval with an argmax); "
@@ -307,6 +312,14 @@ class AttentionKindTransformerModel(ClearCheckpointErrors, TransformerModel):
                 raise ConfigError(f"{flag(option)} does not apply to {model_name(args)}: {reason}")
         for option, kinds in cls.kind_choices().items():
             attention_kind(args, option, kinds)
+
+    def prepare_for_inference_(self, cfg):
+        """fairseq's tools call it before decoding: int8 Linear layers where
+        the model's options ask for them (``--int8-decoding``)."""
+        super().prepare_for_inference_(cfg)
+        if getattr(self.args, "int8_decoding", False):
+            check_int8_decoding(self, cfg)
+            quantize_for_decoding(self)
 
     @classmethod
     def settle_overrides(cls, args, overrides):
@@ -375,7 +388,7 @@ def base_architecture(args):
     """Transformer Base dims; every kind soft unless an option says otherwise."""
     set_defaults(args, **{option: "soft" for option in ATTENTION_KIND_OPTIONS})
     set_defaults(args, hard_train_retrieval="sample", hard_anneal_updates=0,
-                 decoding_engine="auto", retrieval_k=None)  # k: only where a kind is topk
+                 decoding_engine="auto", retrieval_k=None, int8_decoding=False)  # k: only where a kind is topk
     fairseq_base_architecture(args)
 
 

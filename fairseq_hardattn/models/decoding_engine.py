@@ -37,16 +37,21 @@ from torch import Tensor
 
 from ..modules import sentence_groups, static_decoding
 
-ENGINES = ("auto", "dynamic", "static", "graph")
+ENGINES = ("auto", "search", "fairseq", "dynamic", "static", "graph")
+# the step of the plugin's search on a CPU (measured: scripts/benchmark_decoding.py)
+CPU_STEP = "dynamic"
 _GRAPH = "fairseq_hardattn.decoding_graph"
 INITIAL_CAPACITY = 16
 
 
 def resolved(engine: str, tokens: Tensor) -> str:
-    """The engine a step runs: ``auto`` is ``graph`` for tokens on CUDA, else ``dynamic``."""
-    if engine != "auto":
-        return engine
-    return "graph" if tokens.is_cuda else "dynamic"
+    """How a step runs: ``dynamic``, ``static`` or ``graph``. The plugin's
+    search (``auto``, ``search``) steps as ``graph`` on CUDA and as
+    ``CPU_STEP`` elsewhere; ``fairseq`` (``dynamic``, its former name) as
+    fairseq does."""
+    if engine in ("auto", "search"):
+        return "graph" if tokens.is_cuda else CPU_STEP
+    return "dynamic" if engine == "fairseq" else engine
 
 
 def attention_modules(decoder):

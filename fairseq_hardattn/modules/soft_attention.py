@@ -2,13 +2,14 @@
 
 Training and any forward without an incremental state run fairseq's own
 ``MultiheadAttention.forward`` (its fused path, so training is exactly
-fairseq's). Incremental decoding goes through ``CachedProjectionAttention``,
+fairseq's), unless the projections are int8 (``--int8-decoding``). Incremental decoding goes through ``CachedProjectionAttention``,
 which keeps encoder K/V once per sentence of a beam, as every other kind of
 this plugin does: the soft baseline is compared with them on equal terms.
 """
 
 import torch.nn.functional as F
 from fairseq.modules import MultiheadAttention
+from torch import nn
 
 from .cached_projection import CachedProjectionAttention
 
@@ -18,7 +19,8 @@ class SoftAttention(CachedProjectionAttention):
 
     def forward(self, query, key, value, key_padding_mask=None, incremental_state=None,
                 **kwargs):
-        if incremental_state is None:
+        if incremental_state is None and isinstance(self.q_proj, nn.Linear):
+            # (int8 projections, --int8-decoding, have no weight for fairseq's fused path)
             return MultiheadAttention.forward(self, query, key, value,
                                               key_padding_mask=key_padding_mask, **kwargs)
         return super().forward(query, key, value, key_padding_mask=key_padding_mask,

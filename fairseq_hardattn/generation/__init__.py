@@ -1,0 +1,41 @@
+"""Generation: the plugin's beam search (``beam_search``) and which generator
+fairseq's tools get (``generator_class``): fairseq-generate,
+fairseq-interactive, ``--eval-bleu`` and the hub all build theirs through
+``task.build_generator``, which ``fairseq_compat`` routes here."""
+
+import logging
+
+from .beam_search import PluginBeamSearch, PluginBeamSearchWithAlignment, fallback_reason
+
+logger = logging.getLogger(__name__)
+
+# the --decoding-engine values whose search is the plugin's
+PLUGIN_SEARCH_ENGINES = ("auto", "search")
+
+
+def wants_plugin_search(models) -> bool:
+    """Every model is one of this plugin's, set to decode with its search."""
+    return bool(models) and all(
+        getattr(getattr(model, "decoder", None), "decoding_engine", None) in PLUGIN_SEARCH_ENGINES
+        for model in models)
+
+
+def generator_class(models, args, extra_gen_cls_kwargs=None, prefix_allowed_tokens_fn=None):
+    """(the generator class, its extra keyword arguments) for ``models`` and
+    the generation options ``args``, or None for fairseq's choice."""
+    if getattr(args, "score_reference", False) or not wants_plugin_search(models):
+        return None
+    reason = fallback_reason(models, args, extra_gen_cls_kwargs, prefix_allowed_tokens_fn)
+    if reason is not None:
+        logger.info("the plugin's beam search does not run %s: decoding with fairseq's generator",
+                    reason)
+        return None
+    extra = dict(extra_gen_cls_kwargs or {})
+    if getattr(args, "print_alignment", False):
+        extra["print_alignment"] = args.print_alignment
+        return PluginBeamSearchWithAlignment, extra
+    return PluginBeamSearch, extra
+
+
+__all__ = ["PluginBeamSearch", "PluginBeamSearchWithAlignment", "fallback_reason", "generator_class",
+           "wants_plugin_search"]

@@ -1,0 +1,272 @@
+"""The plugin's beam search: fairseq's ``SequenceGenerator`` semantics, with
+the per-step passes over the vocabulary cut to what the search needs.
+
+fairseq's generator spends ~40% of a CPU decoding step on its search: a full
+``log_softmax``, a NaN check and several writes over the (hypotheses x
+vocabulary) scores, a top-k over beam x vocabulary per sentence, and it
+copies every hypothesis's token and score history, and the encoder output,
+on every step. Here, per step:
+
+- the log-normaliser of every hypothesis (``logsumexp`` of the raw logits),
+  the special columns written on the logits (pad; unk's penalty; EOS before
+  ``min_len`` or alone at ``max_len``; a forced prefix token; banned n-grams),
+  and each hypothesis's best 2 x beam tokens: the sentence's best 2 x beam
+  candidates are among them;
+- the candidates' log-probabilities are those values minus the normaliser
+  (fairseq: ``log_softmax`` of every logit, then the same selection);
+- histories are not copied: each step records its tokens, scores and the
+  hypothesis each continues (a back-pointer); a finished hypothesis is read
+  back along its pointers, once;
+- the encoder output is reordered only when finished sentences leave the
+  batch (within a sentence, every hypothesis reads the same source), and the
+  decoder's caches by the back-pointers, as fairseq does.
+
+Same hypotheses and scores as fairseq's generator (the scores to float32
+rounding: the normaliser is summed in another order), for every option this
+search supports (``SUPPORTED``); the others run fairseq's generator
+(``fallback_reason``). ``tests/test_beam_search.py`` compares both.
+"""
+
+import math
+from typing import Dict, List, Optional
+
+import torch
+from fairseq import search
+from fairseq.sequence_generator import SequenceGenerator, SequenceGeneratorWithAlignment
+from torch import Tensor
+
+
+class PluginBeamSearch(SequenceGenerator):
+    """fairseq's ``SequenceGenerator`` (same constructor, ``generate`` and
+    output) whose search is this module's. One model (no ensembles), beam
+    search (no sampling or other strategies): ``fallback_reason`` says why a
+    configuration runs fairseq's generator instead."""
+
+    def __init__(self, models, tgt_dict, **kwargs):
+        super().__init__(models, tgt_dict, **kwargs)
+        if type(self.search) is not search.BeamSearch or self.model.models_size != 1 \
+                or self.lm_model is not None:
+            raise ValueError("PluginBeamSearch runs plain beam search with one model "
+                             "(fallback_reason names what else needs fairseq's generator)")
+
+    @torch.no_grad()
+    def _generate(self, sample: Dict[str, Dict[str, Tensor]], prefix_tokens: Optional[Tensor] = None,
+                  constraints: Optional[Tensor] = None, bos_token: Optional[int] = None):
+        if constraints is not None:
+            raise NotImplementedError("constraints need fairseq's generator")
+        model = self.model.single_model
+        net_input = sample["net_input"]
+        src_tokens = net_input["src_tokens"]
+        if "src_lengths" in net_input:
+            src_lengths = net_input["src_lengths"]
+        else:
+            src_lengths = (src_tokens.ne(self.eos) & src_tokens.ne(self.pad)).long().sum(dim=1)
+        bsz, src_len = src_tokens.size()[:2]
+        beam, vocab = self.beam_size, self.vocab_size
+        device = src_tokens.device
+        if self.match_source_len:
+            max_len = int(src_lengths.max())
+        else:
+            max_len = min(int(self.max_len_a * src_len + self.max_len_b), self.max_len - 1)
+        assert self.min_len <= max_len, "min_len cannot be larger than max_len, please adjust these!"
+
+        encoder_out = model.encoder.forward_torchscript(net_input)
+        expand = torch.arange(bsz, device=device).repeat_interleave(beam)
+        encoder_out = model.encoder.reorder_encoder_out(encoder_out, expand)
+        incremental_state: Dict[str, Dict[str, Optional[Tensor]]] = {}
+
+        # the search's state: per hypothesis (row), its last token and cumulative score;
+        # per step, every row's token, cumulative score and the row it continues
+        # candidates per hypothesis, and per sentence as fairseq's (at step 0 from one hypothesis)
+        candidates = min(2 * beam, vocab)
+        first_candidates, sentence_candidates = min(2 * beam, vocab - 1), min(2 * beam, beam * vocab - 1)
+        rows = bsz * beam
+        last = torch.full((rows,), self.eos if bos_token is None else bos_token, dtype=torch.long,
+                          device=device)
+        scores = torch.zeros(rows, device=device)
+        step_tokens = torch.empty(max_len + 1, rows, dtype=torch.long, device=device)
+        step_scores = torch.empty(max_len + 1, rows, device=device)
+        step_parents = torch.empty(max_len + 1, rows, dtype=torch.long, device=device)
+        # fairseq's token buffer, kept only where n-gram blocking or a prefix reads it
+        tokens = None
+        if self.repeat_ngram_blocker is not None or prefix_tokens is not None:
+            tokens = torch.full((rows, max_len + 2), self.pad, dtype=torch.long, device=device)
+            tokens[:, 0] = last
+        finalized: List[List[Dict[str, Tensor]]] = [[] for _ in range(bsz)]
+        sentences = list(range(bsz))  # the original index of each sentence still in the batch
+        slots = torch.arange(max(first_candidates, sentence_candidates), device=device)
+        first_rows = torch.arange(bsz, device=device) * beam  # the first row of each sentence
+        order: Optional[Tensor] = None  # rows of the last step each row continues
+
+        for step in range(max_len + 1):
+            if order is not None:
+                model.decoder.reorder_incremental_state_scripting(incremental_state, order)
+            prefix = last.unsqueeze(1).expand(-1, step + 1)  # the decoder reads the last token and the length
+            logits = model.decoder(prefix, encoder_out=encoder_out,
+                                   incremental_state=incremental_state)[0][:, -1, :]
+            if self.temperature != 1.0:
+                logits = logits / self.temperature
+            logits = logits.float()
+            normaliser = torch.logsumexp(logits, dim=1, keepdim=True)
+            # the special columns, on the logits (the normaliser already has them)
+            logits[:, self.pad] = -math.inf
+            if self.unk_penalty:
+                logits[:, self.unk] -= self.unk_penalty
+            if step >= max_len:
+                logits[:, :self.eos] = -math.inf
+                logits[:, self.eos + 1:] = -math.inf
+            if prefix_tokens is not None and step < prefix_tokens.size(1) and step < max_len:
+                logits, scores = self._force_prefix(step, logits, scores, tokens, prefix_tokens,
+                                                    step_scores, step_parents, step_tokens)
+            elif step < self.min_len:
+                logits[:, self.eos] = -math.inf
+            if self.repeat_ngram_blocker is not None:
+                logits = self.repeat_ngram_blocker(tokens, logits, bsz, beam, step)
+
+            top, top_tokens = logits.topk(candidates, dim=1)
+            lprobs = top - normaliser
+            if step == 0:  # every hypothesis of a sentence is the same: its first one's candidates
+                sentence_scores = lprobs[first_rows, :first_candidates]
+                cand_beams = torch.zeros_like(sentence_scores, dtype=torch.long)
+                cand_tokens = top_tokens[first_rows, :first_candidates]
+            else:
+                totals = (lprobs + scores.unsqueeze(1)).view(bsz, beam * candidates)
+                sentence_scores, picked = totals.topk(sentence_candidates, dim=1)
+                cand_beams = torch.div(picked, candidates, rounding_mode="trunc")
+                cand_tokens = top_tokens.view(bsz, beam * candidates).gather(1, picked)
+
+            # hypotheses ending with EOS among each sentence's best `beam`: finished
+            eos_mask = cand_tokens.eq(self.eos) & sentence_scores.ne(-math.inf)
+            ending = eos_mask[:, :beam]
+            finished_sentences: List[int] = []
+            if bool(ending.any()):  # the step's one host sync: a cheap check
+                finished_sentences = self._finalize(
+                    step, ending, cand_beams, sentence_scores, step_tokens, step_scores,
+                    step_parents, finalized, sentences, max_len)
+                if len(finished_sentences) == len(sentences):
+                    break
+            assert step < max_len, f"{step} < {max_len}"
+
+            # each sentence continues with its best `beam` candidates not ending with EOS
+            # (the first `beam` by position: candidates are sorted by score)
+            width = eos_mask.size(1)
+            active = torch.add(eos_mask.long() * width, slots[:width]).topk(beam, dim=1, largest=False)[1]
+            parents = cand_beams.gather(1, active) + first_rows.unsqueeze(1)
+            last = cand_tokens.gather(1, active).view(-1)
+            scores = sentence_scores.gather(1, active).view(-1)
+            order = parents.view(-1)
+            if finished_sentences:  # they leave the batch: every row of the others moves up
+                keep = [i for i, s in enumerate(sentences) if s not in finished_sentences]
+                kept = torch.tensor(keep, device=device)
+                sentences = [sentences[i] for i in keep]
+                order, last, scores = (t.view(bsz, beam)[kept].view(-1) for t in (order, last, scores))
+                bsz, rows = len(keep), len(keep) * beam
+                encoder_out = model.encoder.reorder_encoder_out(encoder_out, order)
+                # the histories keep their rows: record where each kept row came from
+                first_rows = first_rows[:bsz]
+                if prefix_tokens is not None:
+                    prefix_tokens = prefix_tokens[kept]
+            step_tokens[step, :rows] = last
+            step_scores[step, :rows] = scores
+            step_parents[step, :rows] = order
+            if tokens is not None:
+                tokens = tokens.index_select(0, order)
+                tokens[:, step + 1] = last
+
+        for sentence in finalized:
+            by_score = torch.tensor([float(h["score"].item()) for h in sentence])
+            sentence[:] = [sentence[i] for i in torch.sort(by_score, descending=True)[1]]
+        return finalized
+
+    def _finalize(self, step, ending, cand_beams, sentence_scores, step_tokens, step_scores,
+                  step_parents, finalized, sentences, max_len) -> List[int]:
+        """Store the hypotheses ending with EOS (``ending``: (sentences, beam)
+        candidates) as fairseq does; returns the original indices of the
+        sentences now finished."""
+        beam = self.beam_size
+        which = ending.nonzero()  # (sentence, slot) pairs, row-major as fairseq's masked_select
+        in_batch, slot = which[:, 0], which[:, 1]
+        row = cand_beams[in_batch, slot] + in_batch * beam
+        eos_scores = sentence_scores[in_batch, slot]
+        # read each hypothesis back along its pointers
+        hyp_tokens = torch.empty(len(row), step + 1, dtype=torch.long, device=row.device)
+        hyp_scores = torch.empty(len(row), step + 1, device=row.device)
+        hyp_tokens[:, step] = self.eos
+        hyp_scores[:, step] = eos_scores
+        at = row
+        for s in range(step - 1, -1, -1):
+            hyp_tokens[:, s] = step_tokens[s, at]
+            hyp_scores[:, s] = step_scores[s, at]
+            at = step_parents[s, at]
+        hyp_scores[:, 1:] = hyp_scores[:, 1:] - hyp_scores[:, :-1].clone()
+        if self.normalize_scores:
+            eos_scores = eos_scores / (step + 1) ** self.len_penalty
+        newly_finished = []
+        for i, b in enumerate(in_batch.tolist()):
+            sentence = sentences[b]
+            if len(finalized[sentence]) < beam:
+                finalized[sentence].append({
+                    "tokens": hyp_tokens[i], "score": eos_scores[i], "attention": torch.empty(0),
+                    "alignment": torch.empty(0), "positional_scores": hyp_scores[i]})
+        for b in sorted(set(in_batch.tolist())):
+            sentence = sentences[b]
+            if len(finalized[sentence]) == beam or step == max_len:
+                newly_finished.append(sentence)
+        return newly_finished
+
+    def _force_prefix(self, step, logits, scores, tokens, prefix_tokens, step_scores, step_parents,
+                      step_tokens):
+        """fairseq's ``_prefix_tokens`` on the logits: a row whose sentence
+        has a prefix token at this step can only continue with it."""
+        beam = self.beam_size
+        forced = prefix_tokens[:, step].repeat_interleave(beam)
+        kept = logits.gather(1, forced.unsqueeze(1))
+        mask = forced.ne(self.pad)
+        logits[mask] = -math.inf
+        logits[mask] = logits[mask].scatter(1, forced[mask].unsqueeze(1), kept[mask])
+        eos = forced.eq(self.eos)
+        if bool(eos.any()):
+            # a prefix that ends here: every hypothesis of the sentence becomes its first one
+            first = eos.view(-1, beam)[:, 0]
+            for buffer in (tokens, logits):
+                grouped = buffer.view(-1, beam, buffer.size(-1))
+                grouped[first] = grouped[first][:, :1]
+            rows = forced.numel()
+            histories = (step_tokens, step_scores, step_parents) if step > 0 else ()
+            for buffer in (scores,) + tuple(h[step - 1, :rows] for h in histories):
+                grouped = buffer.view(-1, beam)
+                grouped[first] = grouped[first][:, :1]
+        return logits, scores
+
+
+class PluginBeamSearchWithAlignment(SequenceGeneratorWithAlignment, PluginBeamSearch):
+    """``--print-alignment``: this search, then fairseq's alignment pass over
+    the finished hypotheses (models with ``full_context_alignment``: this
+    search records no attention per step)."""
+
+    def __init__(self, models, tgt_dict, **kwargs):
+        if not all(getattr(model, "full_context_alignment", False) for model in models):
+            raise ValueError("alignments of models without full_context_alignment need fairseq's "
+                             "generator (fallback_reason)")
+        super().__init__(models, tgt_dict, **kwargs)
+
+
+def fallback_reason(models, args, extra_gen_cls_kwargs=None, prefix_allowed_tokens_fn=None) -> Optional[str]:
+    """Why fairseq's generator must decode ``models`` with generation options
+    ``args`` (None: this search supports them)."""
+    extra = extra_gen_cls_kwargs or {}
+    checks = (
+        (len(models) > 1, "an ensemble of models"),
+        (getattr(args, "sampling", False), "--sampling"),
+        (getattr(args, "diverse_beam_groups", -1) > 0, "--diverse-beam-groups"),
+        (getattr(args, "diversity_rate", -1) > -1, "--diversity-rate"),
+        (getattr(args, "match_source_len", False), "--match-source-len"),
+        (bool(getattr(args, "constraints", False)), "--constraints"),
+        (prefix_allowed_tokens_fn is not None or getattr(args, "prefix_allowed_tokens_fn", None),
+         "prefix_allowed_tokens_fn"),
+        (extra.get("lm_model") is not None, "--lm-path (language model fusion)"),
+        (getattr(args, "print_alignment", False)
+         and not all(getattr(model, "full_context_alignment", False) for model in models),
+         "--print-alignment of a model that aligns from per-step attention"),
+    )
+    return next((what for needed, what in checks if needed), None)
