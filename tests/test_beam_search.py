@@ -52,9 +52,12 @@ def both(model, dictionary, sample, generator_cls=(PluginBeamSearch, SequenceGen
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_every_architecture_decodes_fairseqs_hypotheses(arch):
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_every_architecture_decodes_fairseqs_hypotheses(arch, dtype):
+    """float32 on a CPU: self-attention reads caches never reordered, through
+    their ancestors (the lineage kernel); float64: the PyTorch ops."""
     d = make_dictionary(40)
-    model = decisive_model(arch, d, flexible_mean_source_length=6.0)
+    model = decisive_model(arch, d, flexible_mean_source_length=6.0).to(dtype)
     assert_same_hypotheses(*both(model, d, sample_of(d), beam_size=4, max_len_b=12))
 
 

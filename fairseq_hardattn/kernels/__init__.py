@@ -152,3 +152,72 @@ def flexible_band_step(q: Tensor, k: Tensor, v: Tensor, padding: Optional[Tensor
     if status != 0:
         raise MemoryError("flexible_band_step: could not allocate its scratch memory")
     return out, new_centre, scored
+
+
+_BEAM_CANDIDATES_ARGS = [_ptr, _i64, _i64, _i64, _ptr, _ptr, _i64, _i64, _ptr, _ptr, _ptr]
+
+
+def beam_candidates_function():
+    """The C function ``beam_candidates``, or None."""
+    library = load("beam_candidates")
+    if library is None:
+        return None
+    function = library.beam_candidates
+    if function.argtypes is None:
+        function.argtypes = _BEAM_CANDIDATES_ARGS
+        function.restype = None
+    return function
+
+
+def can_run_beam_candidates(logits: Tensor) -> bool:
+    """Whether ``beam_candidates`` applies: CPU float32 logits whose rows are
+    contiguous, no gradient needed."""
+    return (logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.dim() == 2
+            and logits.stride(1) == 1 and not torch.is_grad_enabled()
+            and beam_candidates_function() is not None)
+
+
+def beam_candidates(logits: Tensor, special_columns: Tensor, special_adds: Tensor,
+                    k: int) -> Tuple[Tensor, Tensor, Tensor]:
+    """(see beam_candidates.c) logits (rows, vocab) float32; special_columns
+    (S,) int64 and special_adds (S,) float32 (NaN: never chosen). Returns the
+    best ``k`` adjusted values and their tokens (rows, k), descending, and
+    each row's log-normaliser of the raw logits (rows, 1)."""
+    rows, vocab = logits.shape
+    top_vals = logits.new_empty(rows, k)
+    top_idx = torch.empty(rows, k, dtype=torch.int64)
+    lse = logits.new_empty(rows, 1)
+    beam_candidates_function()(
+        logits.data_ptr(), rows, vocab, logits.stride(0), special_columns.data_ptr(),
+        special_adds.data_ptr(), special_columns.numel(), k, top_vals.data_ptr(),
+        top_idx.data_ptr(), lse.data_ptr())
+    return top_vals, top_idx, lse
+
+
+_LINEAGE_ATTENTION_ARGS = [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64, _i64, _f32,
+                           ctypes.c_int, _i64, _ptr]
+
+
+def lineage_attention_function():
+    """The C function ``lineage_attention``, or None."""
+    library = load("lineage_attention")
+    if library is None:
+        return None
+    function = library.lineage_attention
+    if function.argtypes is None:
+        function.argtypes = _LINEAGE_ATTENTION_ARGS
+        function.restype = ctypes.c_int
+    return function
+
+
+def lineage_attention(q: Tensor, keys: Tensor, values: Tensor, ancestors: Tensor, rows: int,
+                      length: int, scale: float, mode: int, k: int, out: Tensor):
+    """(see lineage_attention.c) q, out (rows, heads, dim) contiguous float32;
+    keys, values (capacity, rows0, heads, dim); ancestors (>= rows, >= length)
+    int64. Attends positions 0..length-1."""
+    _, rows0, heads, dim = keys.shape
+    status = lineage_attention_function()(
+        q.data_ptr(), keys.data_ptr(), values.data_ptr(), ancestors.data_ptr(), ancestors.stride(0),
+        rows, rows0, heads, dim, length, scale, mode, k, out.data_ptr())
+    if status != 0:
+        raise ValueError("lineage_attention: at most 4096 positions and k <= 64")

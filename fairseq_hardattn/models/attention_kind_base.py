@@ -212,14 +212,21 @@ class AttentionKindDecoder(TransformerDecoderBase):
                 features_only=False, **kwargs):
         engine = decoding_engine.resolved(self.decoding_engine, prev_output_tokens)
         if (incremental_state is not None and engine != "dynamic"
-                and not self.training and not features_only and not kwargs.get("alignment_layer")):
+                and not self.training and not kwargs.get("alignment_layer")):
             return decoding_engine.step(self, prev_output_tokens, encoder_out, incremental_state,
-                                        engine)
+                                        engine, features_only)
         return super().forward(prev_output_tokens, encoder_out, incremental_state,
                                features_only=features_only, **kwargs)
 
     def reorder_incremental_state_scripting(self, incremental_state, new_order):
-        super().reorder_incremental_state_scripting(incremental_state, new_order)
+        """fairseq's reorder (every module with a ``reorder_incremental_state``),
+        over a list of those modules found once instead of on every step."""
+        if not hasattr(self, "_reorderable"):
+            self._reorderable = [m for m in self.modules() if hasattr(m, "reorder_incremental_state")]
+        for module in self._reorderable:
+            result = module.reorder_incremental_state(incremental_state, new_order)
+            if result is not None:
+                incremental_state = result
         decoding_engine.reordered(incremental_state, new_order)
 
     def encoder_states_per_layer(self, encoder_out):

@@ -77,10 +77,11 @@ def embed_last_token(decoder, tokens: Tensor, incremental_state) -> Tensor:
 
 
 def layers_step(decoder, x: Tensor, states: List[Tensor], padding: Optional[Tensor],
-                incremental_state, step_padding: Tensor) -> Tensor:
+                incremental_state, step_padding: Tensor, features_only: bool = False) -> Tensor:
     """The layers, the final norm and the output projection of one step:
-    (1, rows, embed_dim) -> (rows, 1, vocab). ``states``: the encoder states
-    each layer reads (on the first step; cached afterwards)."""
+    (1, rows, embed_dim) -> (rows, 1, vocab) (``features_only``: (rows, 1,
+    embed_dim), before the projection). ``states``: the encoder states each
+    layer reads (on the first step; cached afterwards)."""
     for layer, encoder_states in zip(decoder.layers, states):
         x, _, _ = layer(x, encoder_states, padding, incremental_state,
                         self_attn_padding_mask=step_padding)
@@ -89,7 +90,7 @@ def layers_step(decoder, x: Tensor, states: List[Tensor], padding: Optional[Tens
     x = x.transpose(0, 1)
     if decoder.project_out_dim is not None:
         x = decoder.project_out_dim(x)
-    return decoder.output_layer(x)
+    return x if features_only else decoder.output_layer(x)
 
 
 class CapturedStep:
@@ -110,9 +111,10 @@ class CapturedStep:
 
 
 def step(decoder, tokens: Tensor, encoder_out: Optional[Dict[str, List[Tensor]]],
-         incremental_state, engine: str):
+         incremental_state, engine: str, features_only: bool = False):
     """One decoding step of ``decoder`` (``static`` or ``graph``); returns what
-    fairseq's decoder does: (logits (bsz, 1, vocab), extra)."""
+    fairseq's decoder does: (logits (bsz, 1, vocab), extra), or the features
+    before the output projection (``features_only``: never captured)."""
     active, filled = tokens.size(0), tokens.size(1) - 1
     static = static_decoding.state(incremental_state)
     if static is None:
@@ -139,7 +141,7 @@ def step(decoder, tokens: Tensor, encoder_out: Optional[Dict[str, List[Tensor]]]
     # a replayed graph runs no Python: CPS counts (--print-cps) need the eager step
     counting = any(getattr(getattr(m, "cps", None), "enabled", False)
                    for m in attention_modules(decoder))
-    if engine == "graph" and x.is_cuda and filled > 0 and not counting:
+    if engine == "graph" and x.is_cuda and filled > 0 and not counting and not features_only:
         captured = incremental_state.get(_GRAPH)
         if captured is None:
             # this step runs eagerly (it also initialises the libraries the
@@ -154,7 +156,8 @@ def step(decoder, tokens: Tensor, encoder_out: Optional[Dict[str, List[Tensor]]]
         else:
             logits = captured["step"](x, step_padding)
     else:
-        logits = layers_step(decoder, x, states, padding, incremental_state, step_padding)
+        logits = layers_step(decoder, x, states, padding, incremental_state, step_padding,
+                             features_only)
     return logits[:active], {"attn": [None], "inner_states": None}
 
 

@@ -17,7 +17,7 @@ import torch
 from fairseq.modules import MultiheadAttention
 from torch import Tensor
 
-from . import sentence_groups, static_decoding
+from . import lineage_decoding, sentence_groups, static_decoding
 
 IncrementalState = Optional[Dict[str, Dict[str, Optional[Tensor]]]]
 
@@ -62,6 +62,8 @@ class CachedProjectionAttention(MultiheadAttention):
     # cache encoder K/V batch-major (fairseq: time-major, as projected), for
     # mechanisms that gather windows of consecutive source positions
     batch_major_static_cache = False
+    # how lineage decoding's kernel attends for this mechanism (None: it does not)
+    lineage_mode: Optional[str] = None
 
     def __init__(self, embed_dim, num_heads, *args, **kwargs):
         unsupported = [
@@ -89,7 +91,22 @@ class CachedProjectionAttention(MultiheadAttention):
         need_head_weights: bool = False,
     ) -> Tuple[Tensor, Optional[Tensor]]:
         """fairseq's ``MultiheadAttention.forward`` signature and semantics:
-        project and cache (``project``), then the mechanism's ``attend``."""
+        project and cache (``project``), then the mechanism's ``attend``; a
+        decoding step of self-attention under the plugin's search on a CPU
+        reads caches that are never reordered (``lineage_decoding``)."""
+        lineage = lineage_decoding.state(incremental_state)
+        if (lineage is not None and self.self_attention and not self.training
+                and not before_softmax and lineage_decoding.usable(self, query)):
+            if key_padding_mask is not None or query.size(0) != 1:
+                raise ValueError(f"{type(self).__name__}: a lineage decoding step takes one "
+                                 "token per hypothesis and no padding")
+            bsz, heads, head_dim = query.size(1), self.num_heads, self.head_dim
+            saved_state = self._get_input_buffer(incremental_state)
+            out = lineage_decoding.attend_step(
+                self, lineage, saved_state, self.q_proj(query).view(bsz * heads, 1, head_dim),
+                self.k_proj(query), self.v_proj(query), bsz)
+            self._set_input_buffer(incremental_state, saved_state)
+            return self.merge_heads(out, 1, bsz), None
         projected = self.project(query, key, value, key_padding_mask, incremental_state, static_kv)
         if before_softmax:  # fairseq's contract: the scaled, masked scores and the values
             return self.scores(projected, attn_mask), projected.v
@@ -253,8 +270,8 @@ class CachedProjectionAttention(MultiheadAttention):
                 return incremental_state
             order = sentence_groups.sentence_order(new_order, count)
         for name, tensor in buffer.items():
-            if tensor is None:
-                continue
+            if tensor is None or name.startswith("lineage_"):
+                continue  # (lineage buffers are never reordered: their ancestors are)
             if static is None:
                 buffer[name] = tensor.index_select(0, order)
             elif tensor.dim() == 4 and not self.encoder_decoder_attention:

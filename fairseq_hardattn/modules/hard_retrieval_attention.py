@@ -124,6 +124,8 @@ class HardRetrievalAttention(CachedProjectionAttention):
     pass instead: ``full_context_alignment`` of the models).
     """
 
+    lineage_mode = "hard"
+
     def __init__(self, *args, train_retrieval: str = "sample", anneal_updates: int = 0, **kwargs):
         super().__init__(*args, **kwargs)
         if train_retrieval not in TRAIN_RETRIEVALS:

@@ -17,6 +17,8 @@ from .cached_projection import CachedProjectionAttention
 class SoftAttention(CachedProjectionAttention):
     """Drop-in for fairseq's ``MultiheadAttention`` (same parameters)."""
 
+    lineage_mode = "soft"
+
     def forward(self, query, key, value, key_padding_mask=None, incremental_state=None,
                 **kwargs):
         if incremental_state is None and isinstance(self.q_proj, nn.Linear):

@@ -30,6 +30,8 @@ class TopKAttention(CachedProjectionAttention):
     """Drop-in replacement for fairseq's ``MultiheadAttention`` that attends
     to each query's ``k`` highest-scoring keys."""
 
+    lineage_mode = "topk"
+
     def __init__(self, *args, k: int = 1, **kwargs):
         super().__init__(*args, **kwargs)
         if not isinstance(k, int) or k < 1:

@@ -1,0 +1,146 @@
+/* The plugin's beam search, per step: for every hypothesis (row of logits),
+ * the log-normaliser of its raw logits and its best K tokens, where a few
+ * special columns (pad, unk, EOS) count with an adjusted value (-inf: never
+ * chosen; unk's penalty) in the choice but with their raw value in the
+ * normaliser, as fairseq's generator applies them to the log-probabilities.
+ *
+ * Per row: the maximum of every block of 64 logits (vectorised); the K-th
+ * largest block maximum bounds the K-th largest logit from below, so only
+ * the blocks reaching it are looked at one by one for the top K; then the sum
+ * of exp(x - max) with a polynomial exp the compiler vectorises (relative
+ * error ~2e-7 per term; the normaliser to ~1e-6).
+ *
+ * Ties keep the lower token index first. Rows are independent (no scratch
+ * memory); the caller guarantees 1 <= K <= vocab.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define BLOCK 64
+
+/* 2^y for y <= 0, y >= -126 (clamped by the caller) */
+static inline float exp2_poly(float y) {
+    float n = floorf(y + 0.5f);
+    float f = y - n;
+    float p = 1.535336188e-4f;
+    p = p * f + 1.339887440e-3f;
+    p = p * f + 9.618437357e-3f;
+    p = p * f + 5.550332471e-2f;
+    p = p * f + 2.402264791e-1f;
+    p = p * f + 6.931472028e-1f;
+    p = p * f + 1.0f;
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+static float sum_exp(const float *x, int64_t n, float max) {
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < n; ++j) {
+        float y = (x[j] - max) * 1.4426950408889634f;
+        y = y < -126.0f ? -126.0f : y;
+        sum += exp2_poly(y);
+    }
+    return sum;
+}
+
+/* insert (value, index) into the descending list of `count` (< k, or
+ * value beating the last) entries */
+static inline void insert(float *vals, int64_t *idx, int64_t *count, int64_t k, float value,
+                          int64_t index) {
+    int64_t at = *count < k ? *count : k - 1;
+    while (at > 0 && vals[at - 1] < value) {
+        vals[at] = vals[at - 1];
+        idx[at] = idx[at - 1];
+        --at;
+    }
+    vals[at] = value;
+    idx[at] = index;
+    if (*count < k) ++*count;
+}
+
+static inline int is_special(int64_t col, const int64_t *cols, int64_t nspecial) {
+    for (int64_t s = 0; s < nspecial; ++s)
+        if (cols[s] == col) return 1;
+    return 0;
+}
+
+static inline int has_special(int64_t start, int64_t width, const int64_t *cols, int64_t nspecial) {
+    int found = 0;
+    for (int64_t s = 0; s < nspecial; ++s) found |= cols[s] >= start && cols[s] < start + width;
+    return found;
+}
+
+static float max_of(const float *x, int64_t n) {
+    float max = -INFINITY;
+#pragma omp simd reduction(max : max)
+    for (int64_t j = 0; j < n; ++j) max = x[j] > max ? x[j] : max;
+    return max;
+}
+
+/* logits: rows x vocab (row stride `stride`); cols/adds: the special columns
+ * and what their value is for the choice (NAN: -inf); out: top_vals,
+ * top_idx (rows x k), lse (rows) */
+void beam_candidates(const float *logits, int64_t rows, int64_t vocab, int64_t stride,
+                     const int64_t *cols, const float *adds, int64_t nspecial, int64_t k,
+                     float *top_vals, int64_t *top_idx, float *lse) {
+    int64_t blocks = (vocab + BLOCK - 1) / BLOCK;
+    float block_max[blocks], best_blocks[k];
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *x = logits + r * stride;
+        float *vals = top_vals + r * k;
+        int64_t *idx = top_idx + r * k;
+        /* every block's maximum; the k-th largest of them bounds the k-th
+         * largest logit from below, so only blocks reaching it are scanned */
+        float max = -INFINITY;
+        int64_t counted = 0;
+        for (int64_t b = 0; b < blocks; ++b) {
+            int64_t start = b * BLOCK, width = start + BLOCK < vocab ? BLOCK : vocab - start;
+            float m = max_of(x + start, width);
+            block_max[b] = m;
+            max = m > max ? m : max;
+            if (has_special(start, width, cols, nspecial))
+                continue; /* its maximum may be a special column's: no bound from it */
+            if (counted < k || m > best_blocks[k - 1]) {
+                int64_t at = counted < k ? counted : k - 1;
+                while (at > 0 && best_blocks[at - 1] < m) {
+                    best_blocks[at] = best_blocks[at - 1];
+                    --at;
+                }
+                best_blocks[at] = m;
+                if (counted < k) ++counted;
+            }
+        }
+        float bound = counted == k ? best_blocks[k - 1] : -INFINITY;
+        int64_t count = 0;
+        for (int64_t b = 0; b < blocks; ++b) {
+            int64_t start = b * BLOCK, width = start + BLOCK < vocab ? BLOCK : vocab - start;
+            int special = has_special(start, width, cols, nspecial);
+            if (!special && block_max[b] < bound)
+                continue;
+            for (int64_t j = start; j < start + width; ++j) {
+                if (special && is_special(j, cols, nspecial)) continue;
+                if (count < k || x[j] > vals[k - 1]) insert(vals, idx, &count, k, x[j], j);
+            }
+        }
+        for (int64_t s = 0; s < nspecial; ++s) {
+            float value = isnan(adds[s]) ? -INFINITY : x[cols[s]] + adds[s];
+            if (count < k || value > vals[k - 1]) {
+                /* after any equal value of a lower index: find its place by index too */
+                int64_t at = count < k ? count : k - 1;
+                while (at > 0 && (vals[at - 1] < value || (vals[at - 1] == value && idx[at - 1] > cols[s]))) {
+                    vals[at] = vals[at - 1];
+                    idx[at] = idx[at - 1];
+                    --at;
+                }
+                vals[at] = value;
+                idx[at] = cols[s];
+                if (count < k) ++count;
+            }
+        }
+        lse[r] = max + logf(sum_exp(x, vocab, max));
+    }
+}

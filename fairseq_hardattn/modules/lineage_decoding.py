@@ -1,0 +1,89 @@
+"""Self-attention caches that beam search never reorders (the plugin's
+search on a CPU, ``generation/beam_search.py``).
+
+fairseq reorders every self-attention cache on every step (an
+``index_select`` of each layer's keys and values) and grows it by a
+concatenation: two copies of every cache per step, 30% of a step at
+Transformer Base dims. Here each step's keys and values are written once, in
+place, into time-major buffers (position, row, head, dim) sized for the
+longest output, and a table of ancestors (hypothesis, position) -> the row
+its prefix had at that position is what the search reorders: integers, one
+table for all layers. Attention reads each hypothesis's history through the
+table (``kernels/lineage_attention.c``: soft, hard retrieval or top-k).
+
+The search owns the state (``start``, ``set_step``, ``reorder``); an
+attention module opts in with ``lineage_mode`` (``soft``, ``hard``,
+``topk``) and reads it in ``attend_step``. Modules without one keep their
+own caches, reordered as fairseq does.
+"""
+
+from typing import Dict, Optional
+
+import torch
+from torch import Tensor
+
+from .. import kernels
+
+_STATE = "fairseq_hardattn.lineage"
+MODES = {"soft": 0, "hard": 1, "topk": 2}
+
+
+def start(incremental_state, rows: int, capacity: int):
+    """For one decoding call of ``rows`` hypotheses and at most ``capacity`` steps."""
+    incremental_state[_STATE] = {
+        "ancestors": torch.empty(rows, capacity, dtype=torch.int64),
+        # host-side counts as shapes: positions written; rows of the buffers
+        "length": torch.empty(0, 0),
+        "rows": torch.empty(0, rows),
+    }
+
+
+def state(incremental_state) -> Optional[Dict[str, Tensor]]:
+    if incremental_state is None:
+        return None
+    return incremental_state.get(_STATE)
+
+
+def set_step(entry: Dict[str, Tensor], step: int, rows: int):
+    """Before step ``step``: every hypothesis writes this position in its own row."""
+    entry["ancestors"][:rows, step] = torch.arange(rows)
+    entry["length"] = torch.empty(0, step + 1)
+
+
+def reorder(entry: Dict[str, Tensor], order: Tensor):
+    """After a step: hypothesis i continues ``order[i]`` (fewer rows where
+    finished sentences left): its ancestors are that one's."""
+    length = entry["length"].size(1)
+    ancestors = entry["ancestors"]
+    moved = ancestors.new_empty((order.numel(), ancestors.size(1)))
+    moved[:, :length] = ancestors[:, :length].index_select(0, order)
+    entry["ancestors"] = moved
+
+
+def usable(module, q: Tensor) -> bool:
+    """Whether ``module`` attends through the lineage kernel here."""
+    return (getattr(module, "lineage_mode", None) is not None and q.device.type == "cpu"
+            and q.dtype == torch.float32 and kernels.lineage_attention_function() is not None)
+
+
+def attend_step(module, entry: Dict[str, Tensor], saved_state, q: Tensor, k: Tensor, v: Tensor,
+                bsz: int) -> Tensor:
+    """One step of ``module``'s self-attention: q, k, v (bsz*heads, 1, head_dim)
+    unscaled; this step's k and v are written into the module's buffers.
+    Returns (bsz*heads, 1, head_dim)."""
+    heads, head_dim = module.num_heads, module.head_dim
+    length = entry["length"].size(1)
+    keys = saved_state.get("lineage_keys")
+    if keys is None:
+        capacity, rows = entry["ancestors"].size(1), entry["rows"].size(1)
+        keys = k.new_empty(capacity, rows, heads, head_dim)
+        saved_state["lineage_keys"], saved_state["lineage_values"] = keys, torch.empty_like(keys)
+    values = saved_state["lineage_values"]
+    keys[length - 1, :bsz] = k.view(bsz, heads, head_dim)
+    values[length - 1, :bsz] = v.view(bsz, heads, head_dim)
+    ancestors = entry["ancestors"]
+    out = q.new_empty(bsz, heads, head_dim)
+    kernels.lineage_attention(q.reshape(bsz, heads, head_dim).contiguous(), keys, values, ancestors,
+                              bsz, length, module.scaling, MODES[module.lineage_mode],
+                              getattr(module, "k", 0), out)
+    return out.view(bsz * heads, 1, head_dim)
