@@ -33,5 +33,7 @@ setup(
         # (pytest-xdist#1386): grouped tests would each set up their fixtures
         "test": ["pytest>=7,<9.2", "pytest-xdist>=3"],
         "plots": ["matplotlib>=3.5"],
+        # the decoding benchmarks' peer (tools/ctranslate2_peer.py); never needed by the plugin
+        "bench": ["ctranslate2>=4.0"],
     },
 )

@@ -6,12 +6,14 @@ back to fairseq's generator with one log line."""
 
 import argparse
 import logging
+import math
 
 import pytest
 import torch
 from fairseq.sequence_generator import SequenceGenerator, SequenceGeneratorWithAlignment
 
 import fairseq_hardattn
+from fairseq_hardattn import kernels
 from fairseq_hardattn.generation import PluginBeamSearch, PluginBeamSearchWithAlignment, generator_class
 
 from conftest import build_model, decisive_model, make_dictionary, random_batch
@@ -136,3 +138,72 @@ def test_unsupported_options_fall_back_to_fairseqs_generator_with_one_line(optio
     assert generator_class([model], argparse.Namespace())[0] is PluginBeamSearch
     model.decoder.decoding_engine = "fairseq"
     assert generator_class([model], argparse.Namespace()) is None
+
+
+@pytest.mark.parametrize("vocab, k", [(40, 8), (130, 1), (1000, 16), (64, 5)])
+def test_the_candidates_kernel_is_logsumexp_and_topk(vocab, k):
+    """beam_candidates.c: each row's normaliser of the raw logits and its
+    best k tokens, the special columns adjusted (pad never, unk penalised,
+    EOS blocked), against PyTorch's logsumexp and topk."""
+    assert kernels.beam_candidates_function() is not None, "the C kernel did not build"
+    g = torch.Generator().manual_seed(vocab + k)
+    logits = torch.randn(12, vocab, generator=g) * 4
+    logits[3, 5] = 30.0  # a clear winner
+    logits[4, 1] = 50.0  # pad would win: never chosen, but in the normaliser
+    columns, adds = torch.tensor([1, 3, 2]), torch.tensor([math.nan, -2.5, math.nan])
+    top, tokens, lse = kernels.beam_candidates(logits, columns, adds, k)
+    torch.testing.assert_close(lse, torch.logsumexp(logits, 1, keepdim=True), rtol=1e-6, atol=1e-5)
+    adjusted = logits.clone()
+    adjusted[:, 1] = adjusted[:, 2] = -math.inf
+    adjusted[:, 3] -= 2.5
+    expected, expected_tokens = adjusted.topk(k, dim=1)
+    assert torch.equal(top, expected) and torch.equal(tokens, expected_tokens)
+
+
+@pytest.mark.parametrize("mode", ["soft", "hard", "topk"])
+def test_the_lineage_kernel_attends_each_hypothesis_history(mode):
+    """lineage_attention.c against PyTorch: the keys and values of each
+    hypothesis's ancestors, gathered, then soft attention, hard retrieval's
+    argmax or top-3 attention."""
+    from fairseq_hardattn.modules.lineage_decoding import MODES
+
+    g = torch.Generator().manual_seed(7)
+    capacity, rows0, heads, dim, rows, length = 9, 6, 2, 8, 5, 7
+    keys = torch.randn(capacity, rows0, heads, dim, generator=g)
+    values = torch.randn(capacity, rows0, heads, dim, generator=g)
+    ancestors = torch.randint(0, rows0, (rows, capacity), generator=g)
+    q = torch.randn(rows, heads, dim, generator=g)
+    out = torch.empty_like(q)
+    scale = dim ** -0.5
+    kernels.lineage_attention(q, keys, values, ancestors, rows, length, scale, MODES[mode], 3, out)
+    positions = torch.arange(length)
+    history_k = keys[positions, ancestors[:, :length]]  # (rows, length, heads, dim)
+    history_v = values[positions, ancestors[:, :length]]
+    scores = torch.einsum("rhd,rshd->rhs", q, history_k)
+    if mode == "hard":
+        weights = torch.nn.functional.one_hot(scores.argmax(-1), length).float()
+    elif mode == "topk":
+        kept = scores.topk(3, dim=-1).indices
+        weights = torch.zeros_like(scores).scatter(-1, kept, torch.softmax(scores.gather(-1, kept) * scale, -1))
+    else:
+        weights = torch.softmax(scores * scale, -1)
+    torch.testing.assert_close(out, torch.einsum("rhs,rshd->rhd", weights, history_v), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("arch", ["transformer_soft", "transformer_hard_dec", "transformer_topk_dec",
+                                  "transformer_cross_self", "transformer_aan", "transformer_flexible",
+                                  "transformer_local"])
+def test_the_search_with_the_captured_step_decodes_fairseqs_hypotheses_on_a_gpu(arch):
+    """On CUDA the plugin's search steps through the captured graph (the
+    default engine): fairseq's generator over fairseq's own step decodes the
+    same hypotheses, sentences finishing early and caches outgrowing their
+    first capacity included."""
+    d = make_dictionary(40)
+    model = decisive_model(arch, d, flexible_mean_source_length=6.0).float().cuda()
+    sample = {key: value.cuda() for key, value in sample_of(d)["net_input"].items()}
+    sample = {"id": torch.arange(6).cuda(), "net_input": sample}
+    ours = PluginBeamSearch([model], d, beam_size=4, max_len_b=24).generate([model], sample)
+    model.decoder.decoding_engine = "fairseq"
+    theirs = SequenceGenerator([model], d, beam_size=4, max_len_b=24).generate([model], sample)
+    assert_same_hypotheses(ours, theirs)

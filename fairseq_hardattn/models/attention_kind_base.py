@@ -399,19 +399,14 @@ def base_architecture(args):
     fairseq_base_architecture(args)
 
 
+# the CPU preset's dims
+SMALL_DIMS = {f"{side}_{name}": value for side in ("encoder", "decoder") for name, value in
+              (("embed_dim", 128), ("ffn_embed_dim", 256), ("attention_heads", 4), ("layers", 4))}
+
+
 def small_architecture(args):
     """The CPU preset: 4+4 layers, d=128, FFN 256, 4 heads."""
-    set_defaults(
-        args,
-        encoder_embed_dim=128,
-        encoder_ffn_embed_dim=256,
-        encoder_attention_heads=4,
-        encoder_layers=4,
-        decoder_embed_dim=128,
-        decoder_ffn_embed_dim=256,
-        decoder_attention_heads=4,
-        decoder_layers=4,
-    )
+    set_defaults(args, **SMALL_DIMS)
     base_architecture(args)
 
 

@@ -19,11 +19,13 @@ import sys
 import torch
 
 from ..errors import ConfigError
+from ..models.attention_kind_base import SMALL_DIMS
 from ..models.decoding_engine import ENGINES
 from .fixtures import (DTYPES, GENERATE_MAX_LEN, DictionaryTask, check_device, load_models,
                        parse_model_specs, random_batches, set_decoding_engine,
                        setup_translation_task, synthetic_dictionary, test_batches, to_device,
                        training_batches)
+from . import ctranslate2_peer
 from .reporting import markdown_table, report, write_outputs
 from .timing import benchmark_decoding, benchmark_training, profile_sublayers
 
@@ -39,6 +41,9 @@ def build_parser():
     p.add_argument("--model", action="append", metavar="NAME=CHECKPOINT")
     p.add_argument("--arch", action="append", metavar="NAME=ARCH",
                    help="an architecture with random weights (use --fixed-output-len)")
+    p.add_argument("--dims", choices=("preset", "small"), default="preset",
+                   help="--arch models: each architecture's own dims, or the small preset's "
+                        "(4+4 layers, d=128, FFN 256, 4 heads) for all, fairseq's transformer included")
     p.add_argument("--override", action="append", metavar="NAME=DICT",
                    help="model overrides for one model, e.g. hard=\"{'dec_self_attn_kind': 'soft'}\"")
     p.add_argument("--baseline", help="model the ratios refer to (default: the first)")
@@ -61,6 +66,7 @@ def build_parser():
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     p.add_argument("--decoding-engine", choices=ENGINES,
                    help="decoding engine of the plugin's models (default: each model's own)")
+    ctranslate2_peer.add_args(p)
     p.add_argument("--train-batches", type=int, default=0,
                    help="also time forward+backward on this many training batches")
     p.add_argument("--train-max-tokens", type=int, default=4096)
@@ -100,12 +106,18 @@ def main(argv=None):
         log(f"{len(specs)} models, {sum(b['nsentences'] for b in batches)} sentences, "
             f"beam {args.beam}, batch {args.batch_size}, {args.device} {args.dtype}, "
             f"{args.threads} thread(s)")
-        models = load_models(specs, task, device=args.device, dtype=args.dtype)
+        models = load_models(specs, task, device=args.device, dtype=args.dtype,
+                             arch_overrides=SMALL_DIMS if args.dims == "small" else None)
         set_decoding_engine(models, args.decoding_engine)
+        peers = ctranslate2_peer.peers(args.ctranslate2, models, dictionary, batches, args.beam,
+                                       args.fixed_output_len, args.threads) if args.ctranslate2 else {}
     except (ConfigError, FileNotFoundError) as err:
         print(f"benchmark: error: {err}", file=sys.stderr)
         return 2
     params = {n: sum(p.numel() for p in m.parameters()) for n, m in models.items()}
+    for text in args.ctranslate2 or []:  # a peer has its source model's parameters
+        name, _, source = text.partition("=")
+        params[name] = params[source.partition(":")[0]]
 
     train_timings = None
     if args.train_batches:
@@ -119,7 +131,8 @@ def main(argv=None):
     max_len = tuple(default if given is None else given
                     for given, default in zip((args.max_len_a, args.max_len_b), GENERATE_MAX_LEN))
     decode_timings = benchmark_decoding(models, dictionary, batches, args.beam, args.reps,
-                                        args.warmup, args.fixed_output_len, log, max_len)
+                                        args.warmup, args.fixed_output_len, log, max_len, args.dtype,
+                                        peers)
     shares = None
     if args.sublayer_times:
         log("attention sublayer shares (one profiled pass per model)")

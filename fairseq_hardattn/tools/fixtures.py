@@ -152,19 +152,30 @@ GENERATE_MAX_LEN = (0.0, 200)
 
 
 def make_generator(model, dictionary, beam, fixed_output_len=None, max_len=GENERATE_MAX_LEN):
+    """The generator fairseq-generate builds for ``model`` (the plugin's beam
+    search where the model's --decoding-engine asks for it, else fairseq's)."""
+    from ..generation import generator_class
+
     if fixed_output_len:
         # EOS is blocked until min_len and forced at max_len: same work for all
-        return SequenceGenerator([model], dictionary, beam_size=beam,
-                                 min_len=fixed_output_len, max_len_a=0,
-                                 max_len_b=fixed_output_len)
-    return SequenceGenerator([model], dictionary, beam_size=beam, max_len_a=max_len[0],
-                             max_len_b=max_len[1])
+        settings = dict(beam_size=beam, min_len=fixed_output_len, max_len_a=0, max_len_b=fixed_output_len)
+    else:
+        settings = dict(beam_size=beam, max_len_a=max_len[0], max_len_b=max_len[1])
+    chosen = generator_class([model], argparse.Namespace())
+    generator_cls = chosen[0] if chosen else SequenceGenerator
+    return generator_cls([model], dictionary, **settings)
 
 
-def prepare_for_decoding(model, beam):
-    """What fairseq-generate does to a model before decoding."""
+def prepare_for_decoding(model, beam, dtype="fp32"):
+    """What fairseq-generate does to a model before decoding
+    (``prepare_for_inference_``: int8 Linear layers where it asks for them)."""
     model.eval()
-    model.make_generation_fast_(beamable_mm_beam_size=beam, need_attn=False)
+    on_cpu = next(model.parameters()).device.type == "cpu"
+    cfg = argparse.Namespace(
+        generation=argparse.Namespace(beam=beam, print_alignment=False, no_beamable_mm=False,
+                                      retain_dropout=False),
+        common=argparse.Namespace(fp16=dtype == "fp16", bf16=False, cpu=on_cpu))
+    model.prepare_for_inference_(cfg)
     return model
 
 

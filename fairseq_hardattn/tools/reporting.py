@@ -44,11 +44,11 @@ def report(decode_timings, train_timings, baseline, param_counts, settings, shar
             row.update(t.summary(t.tokens, "tokens_per_s"))
             row["generated_tokens"] = t.tokens
             row["decode_speedup"] = round(base_decode / median(t.seconds), 3)
-            if limit:
+            if limit and name in shares:  # (peers are not profiled)
                 row["attention_share"] = {k: round(v, 4) for k, v in shares[name].items()}
                 row["pct_of_attention_free_limit"] = round(
                     100 * t.rate(t.sentences, median) / limit, 1)
-        if train_timings:
+        if train_timings and name in train_timings:  # (peers decode only)
             t = train_timings[name]
             row.update(t.summary(t.tokens, "train_target_tokens_per_s"))
             row["train_speed_ratio"] = round(base_train / median(t.seconds), 3)
@@ -83,8 +83,9 @@ def markdown_table(result):
         if has_share:
             cells += [", ".join(f"{k.replace('-attention', '')} {100 * v:.0f}%"
                                 for k, v in r["attention_share"].items()),
-                      f"{r['pct_of_attention_free_limit']:.0f}%"]
+                      f"{r['pct_of_attention_free_limit']:.0f}%"] if "attention_share" in r else ["—", "—"]
         if has_train:
-            cells += [f"{r['train_target_tokens_per_s_median']:.0f}", f"{r['train_speed_ratio']:.2f}x"]
+            cells += [f"{r['train_target_tokens_per_s_median']:.0f}", f"{r['train_speed_ratio']:.2f}x"] \
+                if "train_speed_ratio" in r else ["—", "—"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

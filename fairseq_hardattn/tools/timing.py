@@ -96,19 +96,21 @@ def interleaved(run_fns: Dict[str, callable], reps: int, warmup: int, progress=N
 
 
 def benchmark_decoding(models, dictionary, batches, beam, reps, warmup,
-                       fixed_output_len=None, progress=None, max_len=GENERATE_MAX_LEN):
-    """``max_len``: fairseq-generate's (--max-len-a, --max-len-b)."""
+                       fixed_output_len=None, progress=None, max_len=GENERATE_MAX_LEN, dtype="fp32",
+                       peers=None):
+    """``max_len``: fairseq-generate's (--max-len-a, --max-len-b); ``peers``:
+    name -> a function decoding ``batches`` with another engine and returning
+    its token count (CTranslate2: tools/ctranslate2_peer.py), timed in turn."""
     generators = {
-        name: make_generator(prepare_for_decoding(model, beam), dictionary, beam, fixed_output_len,
-                             max_len)
+        name: make_generator(prepare_for_decoding(model, beam, dtype), dictionary, beam,
+                             fixed_output_len, max_len)
         for name, model in models.items()
     }
+    runs = {name: (lambda g=g: decode(g, batches)) for name, g in generators.items()}
+    runs.update(peers or {})
     sentences = sum(b["nsentences"] for b in batches)
-    seconds, tokens = interleaved(
-        {name: (lambda g=g: decode(g, batches)) for name, g in generators.items()},
-        reps, warmup, progress,
-    )
-    return {name: Timing(seconds[name], sentences, tokens[name]) for name in models}
+    seconds, tokens = interleaved(runs, reps, warmup, progress)
+    return {name: Timing(seconds[name], sentences, tokens[name]) for name in runs}
 
 
 def profile_sublayers(models, dictionary, batches, beam, fixed_output_len=None,

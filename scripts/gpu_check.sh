@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The prepared GPU run (a GPU is lent rarely, for 15 device minutes in all):
+# the GPU tests, then the speed cells that matter most, into $OUT (or
+# results/gpu_check/), in under 10 minutes on one H100/H200.
+#
+# Prepare on this machine (network): bash scripts/gpu_prepare.sh
+# Run with the device tool: carry [".gpu"], command
+#   source .gpu/device_env.sh && bash scripts/gpu_check.sh
+# GPU_CHECK_DEVICE=cpu GPU_CHECK_QUICK=1 runs the same steps on a CPU, tiny, to check the script.
+set -uo pipefail
+REPO="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$REPO"
+OUT_DIR=${OUT:-$REPO/results/gpu_check}
+DEVICE=${GPU_CHECK_DEVICE:-cuda}
+PYTHON=${PYTHON:-python3}
+mkdir -p "$OUT_DIR"
+log() { printf '[gpu_check %s] %s\n' "$(date +%H:%M:%S)" "$*" | tee -a "$OUT_DIR/log.txt" >&2; }
+nvidia-smi > "$OUT_DIR/nvidia-smi.txt" 2>&1 || true
+
+log "1/2 GPU tests (equality of the captured engine, the search and the kernels)"
+"$PYTHON" -m pytest -q -p no:cacheprovider tests/test_beam_search.py tests/test_decoding_engine.py \
+  tests/test_gpu_kernels.py -k "gpu or cuda or triton" > "$OUT_DIR/tests.txt" 2>&1
+log "tests: $(tail -n 1 "$OUT_DIR/tests.txt")"
+
+# the speed cells: Base dims, random weights, beam 4, every sentence decoded to its
+# source length; fairseq's transformer with fairseq's generator is the peer
+if [ "${GPU_CHECK_QUICK:-0}" = 1 ]; then
+  CELLS=("8 1 2 fp32"); SIZE=(--dims small --vocab 1000)
+else
+  CELLS=("30 64 5 fp32" "100 128 3 fp16" "30 128 5 fp16" "100 64 3 fp32"); SIZE=(--vocab 10000)
+fi
+for cell in "${CELLS[@]}"; do
+  read -r len batch reps dtype <<< "$cell"
+  name="speed_gpu_engine_${len}tok_batch${batch}_${dtype}"
+  log "2/2 $name"
+  "$PYTHON" scripts/benchmark_decoding.py --device "$DEVICE" --dtype "$dtype" "${SIZE[@]}" \
+    --arch fairseq=transformer --arch soft=transformer_soft --arch hard=transformer_hard_dec \
+    --arch topk2=transformer_topk_dec --override "topk2={'retrieval_k':2}" \
+    --arch soft_fairseq_graph=transformer_soft --override "soft_fairseq_graph={'decoding_engine':'graph'}" \
+    --src-len "$len" --num-sentences $((2 * batch)) --batch-size "$batch" --fixed-output-len "$len" \
+    --beam 4 --reps "$reps" --baseline fairseq \
+    --json "$OUT_DIR/$name.json" --markdown "$OUT_DIR/$name.md" >> "$OUT_DIR/bench.log" 2>&1 \
+    && log "$(grep -E '^\| (soft|hard|topk2) ' "$OUT_DIR/$name.md" | cut -d'|' -f2,6 | tr '\n' ' ')" \
+    || log "$name failed (bench.log)"
+done
+log "done"
