@@ -207,3 +207,26 @@ def test_console_scripts_in_the_forkserver_behave_as_fresh_processes(trained_che
         assert normalized(forked.stderr) == normalized(fresh.stderr), tool
     assert forked.returncode != 0 and "Traceback" not in forked.stderr
     assert "fairseq-hardattn: error: unknown --dec-cross-attn-kind 'fuzzy'" in forked.stderr
+
+
+def test_int8_decoding_through_generate_interactive_and_the_hub(trained_checkpoints, reorder_data):
+    """--int8-decoding as a decoding-time override (generate, interactive,
+    also on a fairseq transformer checkpoint) and a hub argument: the Linear
+    layers become PyTorch's int8 ones, every sentence is translated."""
+    from fairseq.models.transformer import TransformerModel
+    from torch.ao.nn.quantized.dynamic import Linear as Int8Linear
+
+    from conftest import interactive
+
+    for kind in ("hard", "soft"):
+        out = generate(reorder_data, trained_checkpoints[kind], "--model-overrides", "{'int8_decoding': True}")
+        assert len(hypotheses(out.stdout)) == TEST_SENTENCES
+    proc = interactive(reorder_data, trained_checkpoints["hard"], ["s1 s2 s3", "s4"], "--model-overrides",
+                       "{'int8_decoding': True}")
+    assert proc.returncode == 0 and len(hypotheses(proc.stdout)) == 2, proc.stderr[-2000:]
+    checkpoint = trained_checkpoints["hard"]
+    hub = TransformerModel.from_pretrained(str(checkpoint.parent), checkpoint_file=checkpoint.name,
+                                           data_name_or_path=str(reorder_data), user_dir=USER_DIR,
+                                           int8_decoding=True)
+    assert isinstance(hub.models[0].decoder.output_projection, Int8Linear)
+    assert hub.translate(["s1 s2 s3", "s4 s5"], beam=4)

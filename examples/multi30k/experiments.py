@@ -21,13 +21,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the studies, however this file is loaded
 
 from studies import (architectures, beam_settings, conversion, cross_self_parity, flexible,  # noqa: E402
-                     hard_parity, topk)
+                     hard_parity, speed, topk)
 from studies.architectures import RUNS, TABLE_EXTRA_ROWS  # noqa: E402,F401
 from studies.beam_settings import SEARCH_GRID, SEARCH_PAIRS  # noqa: E402,F401
 from studies.flexible import CPS_ROWS  # noqa: E402,F401
 from studies.manifest import searched_with  # noqa: E402,F401
 from studies.parity_targets import PARITY_PAIRS, PARITY_TARGETS  # noqa: E402,F401
-from studies.speed import (BENCHMARKS, GPU_BENCHMARKS, OUTPUTS, TABLE_BASE_SPEED_BENCHMARKS,  # noqa: E402,F401
+from studies.speed import (ENGINE_BENCHMARKS, GPU_BENCHMARKS, TABLE_BASE_SPEED_BENCHMARKS,  # noqa: E402,F401
                            TABLE_GPU_BENCHMARK, TABLE_SPEED_BENCHMARKS)
 
 # every run trained from scratch, and with its fine-tunings every trained run
@@ -36,6 +36,9 @@ FINETUNES = flexible.FINETUNES + conversion.FINETUNES
 TRAINED = FROM_SCRATCH + FINETUNES
 DECODES = (architectures.DECODES + hard_parity.DECODES + conversion.DECODES + flexible.DECODES
            + beam_settings.DECODES + topk.DECODES)
+# every CPU benchmark scripts/results.sh runs (after all training), and what each output shows
+BENCHMARKS = speed.BENCHMARKS + ENGINE_BENCHMARKS + topk.BENCHMARKS
+OUTPUTS = {**speed.OUTPUTS, **{b.name: b.what for b in topk.BENCHMARKS}}
 
 
 def decodes_by_name():

@@ -36,6 +36,7 @@ from fairseq.sequence_generator import SequenceGenerator, SequenceGeneratorWithA
 from torch import Tensor, nn
 
 from .. import kernels
+from ..models import decoding_engine
 from ..modules import lineage_decoding, sentence_groups
 
 
@@ -78,7 +79,9 @@ class PluginBeamSearch(SequenceGenerator):
         encoder_out = model.encoder.reorder_encoder_out(sentence_encoder_out, expand)
         incremental_state: Dict[str, Dict[str, Optional[Tensor]]] = {}
         lineage = None
-        if device.type == "cpu" and any(getattr(m, "lineage_mode", None) for m in model.decoder.modules()):
+        engine = getattr(model.decoder, "decoding_engine", "fairseq")
+        if (device.type == "cpu" and decoding_engine.resolved(engine, src_tokens) == "dynamic"
+                and any(getattr(m, "lineage_mode", None) for m in model.decoder.modules())):
             # self-attention caches never reordered (their ancestors are)
             lineage_decoding.start(incremental_state, bsz * beam, max_len + 1)
             lineage = lineage_decoding.state(incremental_state)
@@ -227,11 +230,14 @@ class PluginBeamSearch(SequenceGenerator):
         transposed weight kept contiguous (15% faster than ``F.linear``)."""
         decoder = model.decoder
         projection = getattr(decoder, "output_projection", None)
-        if (prefix.is_cuda or not isinstance(projection, nn.Linear) or projection.bias is not None
-                or getattr(decoder, "adaptive_softmax", None) is not None):
+        int8 = isinstance(projection, torch.ao.nn.quantized.dynamic.Linear)
+        if (prefix.is_cuda or getattr(decoder, "adaptive_softmax", None) is not None
+                or not (int8 or (isinstance(projection, nn.Linear) and projection.bias is None))):
             return decoder(prefix, encoder_out=encoder_out, incremental_state=incremental_state)[0][:, -1, :]
         features = decoder(prefix, encoder_out=encoder_out, incremental_state=incremental_state,
                            features_only=True)[0][:, -1, :]
+        if int8:  # --int8-decoding: PyTorch's int8 Linear, on the features as one matrix
+            return projection(features.contiguous())
         weight = projection.weight
         key = (weight.data_ptr(), weight._version, weight.dtype)
         if getattr(self, "_projection_key", None) != key:  # the model changed (or is new)

@@ -113,6 +113,35 @@ BENCHMARKS = (
               data=True),
 )
 
+
+# the decoding engine (issue 60): fairseq's transformer with fairseq's generator
+# (the baseline), the same weights through the plugin's search (soft, hard and
+# top-k attention, fp32 and int8 Linear layers) and through CTranslate2 (fp32,
+# int8): random weights, sources of SRC tokens decoded to exactly SRC tokens,
+# beam 4, one thread, interleaved repetitions in one process
+def engine_benchmark(name: str, what: str, dims: str, src_len: int, sentences: int, batch: int,
+                     reps: int, extra: str = "") -> Benchmark:
+    int8 = "'int8_decoding':True"
+    models = ("--arch fairseq=transformer --arch soft=transformer_soft --arch hard=transformer_hard_dec "
+              f"--arch soft_int8=transformer_soft --override soft_int8={{{int8}}} "
+              f"--arch hard_int8=transformer_hard_dec --override hard_int8={{{int8}}} "
+              "--ctranslate2 ct2_fp32=fairseq:float32 --ctranslate2 ct2_int8=fairseq:int8")
+    return Benchmark(name, what, f"{models} {extra} --dims {dims} --vocab 10000 --src-len {src_len} "
+                     f"--num-sentences {sentences} --batch-size {batch} --fixed-output-len {src_len} "
+                     f"--beam 4 --reps {reps} --threads 1 --baseline fairseq")
+
+
+ENGINE_BENCHMARKS = (
+    engine_benchmark("speed_engine_small", "the decoding engine at the small preset's dims, 30 tokens, "
+                     "beside fairseq and CTranslate2", "small", 30, 256, 64, 5),
+    engine_benchmark("speed_engine_base", "the decoding engine at Transformer Base dims, 30 tokens, "
+                     "beside fairseq and CTranslate2", "preset", 30, 64, 32, 3),
+    engine_benchmark("speed_engine_small_100tok", "the decoding engine at the small preset's dims, "
+                     "100 tokens", "small", 100, 128, 64, 3),
+    engine_benchmark("speed_engine_base_100tok", "the decoding engine at Transformer Base dims, 100 tokens",
+                     "preset", 100, 32, 32, 3),
+)
+
 # the main table's speed columns: each row from the first of these that measured it
 TABLE_SPEED_BENCHMARKS = ("speed_small", "speed_small_parity", "speed_small_curriculum")
 # and its Base-dims column
@@ -153,7 +182,7 @@ TABLE_GPU_BENCHMARK = "speed_gpu_100tok_batch128_fp16"
 
 # what each other output of scripts/results.sh shows (results/README.md's file list)
 OUTPUTS = {
-    **{b.name: b.what for b in BENCHMARKS + GPU_BENCHMARKS},
+    **{b.name: b.what for b in BENCHMARKS + ENGINE_BENCHMARKS + GPU_BENCHMARKS},
     "hard_parity": "hard retrieval attention against soft attention trained the same way: "
                    "the ablation toward parity",
     "short_budget": "every architecture at the short budget (5 epochs): the earlier headline table",

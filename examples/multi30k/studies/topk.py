@@ -3,7 +3,7 @@ its k best keys, k = 1 being hard retrieval. Trained with the parity
 recipe's settings beside soft_pre and hard_pre_argmax (seeds 1 and 2), and
 those two decoded with k in TOPK_DECODE_KS."""
 
-from .manifest import Decode, Run, reseeded
+from .manifest import Benchmark, Decode, Run, reseeded
 
 TOPK_DECODE_KS = (1, 2, 4, 8)
 TOPK_TRAIN_KS = (2, 4)
@@ -28,3 +28,23 @@ RUNS = tuple(run for k in TOPK_TRAIN_KS for run in (topk_run(k), reseeded(topk_r
 
 # decoding-time k on models trained soft and hard (Table 4, one step further)
 DECODES = tuple(decoded_with_topk(run, k) for run in ("soft_pre", "hard_pre_argmax") for k in TOPK_DECODE_KS)
+
+
+# k = 1, 2, 4, 8 against soft attention and hard retrieval on the plugin's search
+# (CPU, random weights, one thread): sources of SRC tokens decoded to SRC tokens
+TOPK_SPEED_KS = (1, 2, 4, 8)
+
+
+def topk_speed(name: str, dims: str, src_len: int, sentences: int, batch: int) -> Benchmark:
+    ks = " ".join(f"--arch top{k}=transformer_topk_dec --override top{k}={{'retrieval_k':{k}}}"
+                  for k in TOPK_SPEED_KS)
+    return Benchmark(name, f"top-k retrieval, k in {TOPK_SPEED_KS}, against soft and hard, {dims} dims, "
+                     f"{src_len} tokens", f"--arch soft=transformer_soft_prenorm --arch hard=transformer_hard_dec_prenorm "
+                     f"{ks} --dims {dims} --vocab 10000 --src-len {src_len} --num-sentences {sentences} "
+                     f"--batch-size {batch} --fixed-output-len {src_len} --beam 4 --reps 3 --threads 1 "
+                     "--baseline soft")
+
+
+BENCHMARKS = (topk_speed("speed_topk_small", "small", 30, 256, 64),
+              topk_speed("speed_topk_small_100tok", "small", 100, 128, 64),
+              topk_speed("speed_topk_base_100tok", "preset", 100, 32, 32))
