@@ -34,8 +34,8 @@ USER_DIR = REPO / "fairseq_hardattn"
 BIN = Path(sys.executable).parent
 
 MODELS = [  # (label, --arch): the soft baseline first
-    ("soft baseline", "transformer_soft_small"),
-    ("hard retrieval", "transformer_hard_dec_small"),
+    ("soft baseline", os.environ.get("DEMO_SOFT", "transformer_soft_prenorm_small")),
+    ("hard retrieval", os.environ.get("DEMO_HARD", "transformer_hard_dec_prenorm_small")),
 ]
 
 

@@ -3,14 +3,15 @@
 # the GPU tests, then the speed cells that matter most, into $OUT (or
 # results/gpu_check/), in under 10 minutes on one H100/H200.
 #
-# Prepare on this machine (network): bash scripts/gpu_prepare.sh
+# Usage: scripts/gpu_check.sh OUT_DIR
+# Prepare on this machine (network): bash scripts/gpu_prepare.sh .gpu
 # Run with the device tool: carry [".gpu"], command
-#   source .gpu/device_env.sh && bash scripts/gpu_check.sh
+#   source .gpu/device_env.sh && bash scripts/gpu_check.sh "$OUT"
 # GPU_CHECK_DEVICE=cpu GPU_CHECK_QUICK=1 runs the same steps on a CPU, tiny, to check the script.
 set -uo pipefail
+OUT_DIR=${1:?usage: scripts/gpu_check.sh OUT_DIR (on the device: \$OUT)}
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$REPO"
-OUT_DIR=${OUT:-$REPO/results/gpu_check}
 DEVICE=${GPU_CHECK_DEVICE:-cuda}
 PYTHON=${PYTHON:-python3}
 mkdir -p "$OUT_DIR"

@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """Assemble results/: one table of every architecture (what it changes, BLEU,
 params, speed and ratio, % of the attention-free limit, peak memory) from the
-evaluation and benchmark outputs, as Markdown and JSON; and put the table at
-the top of README.md, between its ``<!-- results:start -->`` and
+evaluation and benchmark outputs, as Markdown and JSON; and the README's
+headline table (the presets a user would pick: BLEU, CPU speed in fp32 and
+int8, GPU speed, parameters) between its ``<!-- results:start -->`` and
 ``<!-- results:end -->`` markers.
 
 The tables are built from RESULTS_DIR/scores/, the committed score records
@@ -305,6 +306,45 @@ def files_section(results):
     return "\n## Files\n\n" + "\n".join(rows) + "\n" if rows else ""
 
 
+def ratio(row):
+    return f"{row['decode_speedup']:.2f}x" if row and "decode_speedup" in row else "—"
+
+
+def headline_table(results, scores):
+    """The README's table: the presets a user would pick (the manifest's
+    HEADLINES), their test2016 BLEU, their CPU decoding speed in fp32 and
+    int8 beside fairseq's transformer (HEADLINE_SPEED), the GPU column and
+    their parameters; then how to read it."""
+    benchmark = load(results / f"{EXPERIMENTS.HEADLINE_SPEED.name}.json")
+    cpu = by_model(benchmark)
+    gpu = by_model(load(results / f"{EXPERIMENTS.TABLE_GPU_BENCHMARK}.json"))
+    lines = ["| preset (`--arch`) | what it changes | test2016 BLEU | CPU speed vs fairseq, fp32 | "
+             "CPU, int8 | GPU speed vs fairseq | params (M) |", "|---|---|---|---|---|---|---|"]
+    for row in EXPERIMENTS.HEADLINES:
+        bleu = load(scores / f"{row.run}.json") if row.run else None
+        fp32 = cpu.get(row.preset)
+        params = fp32 and fp32.get("params")
+        lines.append(f"| `{row.preset}` | {row.what} | {fmt(bleu and bleu['bleu_tok_lc'], '.2f')} | "
+                     f"{ratio(fp32)} | {ratio(cpu.get(row.preset + '_int8'))} | "
+                     f"{ratio(gpu.get(row.gpu_model)) if row.gpu_model else '—'} | "
+                     f"{fmt(params and params / 1e6, '.2f')} |")
+    s = benchmark["settings"] if benchmark else {}
+    note = (f"\nBLEU: Multi30k en-de test2016, tokenized and lowercased, each model trained with one "
+            f"budget ({budget_note(scores)}; the curriculum preset at dropout 0.1, the others at 0.3). "
+            "CPU: the plugin's decoding engine (its beam search, `--decoding-engine auto`) against "
+            "fairseq's `transformer` with fairseq's generator, and CTranslate2 on the same weights, side "
+            "by side in one process: "
+            + (f"{s.get('sentences')} random sources of {s.get('src_len')} tokens decoded to exactly "
+               f"{s.get('fixed_output_len')} tokens, beam {s.get('beam')}, batch {s.get('batch_size')}, "
+               f"{s.get('threads')} thread, the small preset's dims, random weights, median of "
+               f"{s.get('reps')} (results/{EXPERIMENTS.HEADLINE_SPEED.name}.md)" if s else "not measured yet")
+            + "; int8: `--int8-decoding`. GPU: NVIDIA H200, Transformer Base dims, batch 128, 100 tokens, "
+            "fp16, the earlier engine (fairseq's generator around the captured step; the plugin's search "
+            "on a GPU is unmeasured). Every row, the peers' included, is in "
+            "[results/README.md](results/README.md).\n")
+    return "\n".join(lines) + "\n" + note
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("work", type=Path, help="the work dir of scripts/results.sh")
@@ -413,7 +453,7 @@ def main(argv=None):
     if start in text and end in text:
         before, rest = text.split(start, 1)
         after = rest.split(end, 1)[1]
-        readme.write_text(before + start + "\n" + markdown + "\n" + notes + "\n" + end + after)
+        readme.write_text(before + start + "\n" + headline_table(results, scores) + end + after)
     print(markdown)
 
 

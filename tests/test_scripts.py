@@ -250,11 +250,20 @@ def test_results_table_fills_the_readme_markers(tmp_path):
     (results / "speed_base_parity.json").write_text(json.dumps({"settings": base_settings, "results": [
         {"model": "soft", "decode_speedup": 1.0}, {"model": "hard", "decode_speedup": 1.5},
         {"model": "soft_pre", "decode_speedup": 1.05}]}))
+    # the README's headline table: CPU speeds of the presets in fp32 and int8
+    (results / "speed_headline.json").write_text(json.dumps({"settings": dict(settings, src_len=30), "results": [
+        {"model": "transformer", "params": 5_000_000, "decode_speedup": 1.0},
+        {"model": "transformer_soft_small", "params": 5_000_000, "decode_speedup": 1.85},
+        {"model": "transformer_soft_small_int8", "params": 5_000_000, "decode_speedup": 2.25}]}))
     readme = tmp_path / "README.md"
     readme.write_text("# title\n<!-- results:start -->\nold\n<!-- results:end -->\nrest\n")
     script("results_table.py", work, results, "--readme", readme)
     text = readme.read_text()
     assert "old" not in text and text.startswith("# title\n") and text.endswith("rest\n")
+    assert "| `transformer_soft_small` | soft attention, the plugin's decoding engine | 30.50 | 1.85x | " \
+           "2.25x | — | 5.00 |" in text
+    assert "| `transformer` | " in text and "10 random sources of 30 tokens decoded to exactly 20" in text
+    text = (results / "README.md").read_text()  # every row: the results' own table
     assert "| `hard` |" in text and "29.25" in text and "1.20x" in text and "84%" in text
     assert "| 2.00 | 50.0 | 1.00x |" in text  # soft from speed_small
     assert "| 2.10 | 41.0‡ | 1.02x | — | 1.05x‡ |" in text and "‡: measured later" in text
@@ -285,7 +294,7 @@ def test_results_table_fills_the_readme_markers(tmp_path):
         {"settings": gpu_settings, "results": [{"model": "fairseq", "decode_speedup": 1.0},
                                                {"model": "hard", "decode_speedup": 1.625}]}))
     script("results_table.py", partial, results, "--readme", readme)
-    text = readme.read_text()
+    text = (results / "README.md").read_text()
     assert "| 1.62x | " in text and "GPU column: NVIDIA H100, Transformer Base dims" in text
     assert "batch 128, beam 4, fp16" in text and "not measured yet" not in text
     assert "31.00" in text and "29.25" not in text and "| `aan` |" in text and "28.00" in text
@@ -302,7 +311,7 @@ def test_results_table_fills_the_readme_markers(tmp_path):
     proc = script("results_table.py", longer, results, "--readme", readme, check=False)
     assert proc.returncode == 3 and "another budget" in proc.stderr  # results.sh's status
     assert "Traceback" not in proc.stderr
-    assert readme.read_text() == text and json.loads((results / "scores" / "soft.json").read_text())[
+    assert (results / "README.md").read_text() == text and json.loads((results / "scores" / "soft.json").read_text())[
         "bleu_tok_lc"] == 30.5
 
 
@@ -353,7 +362,7 @@ def test_results_table_short_budget_column_and_parity_table(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text("<!-- results:start -->\n<!-- results:end -->\n")
     script("results_table.py", work, results, "--readme", readme, "--short-budget", short)
-    text = readme.read_text()
+    text = (results / "README.md").read_text()  # the full table
     assert "short budget |" in text
     assert "| `soft` | soft baseline" in text and "| 38.50 | 38.40 | 25.60 |" in text
     assert "| `aan` |" in text and "| — | — | 22.41 |" in text  # not trained with this budget yet

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the studies, however
 
 from studies import (architectures, beam_settings, conversion, cross_self_parity, flexible,  # noqa: E402
                      hard_parity, speed, topk)
-from studies.architectures import RUNS, TABLE_EXTRA_ROWS  # noqa: E402,F401
+from studies.architectures import HEADLINE_PEERS, HEADLINE_SPEED, HEADLINES, RUNS, TABLE_EXTRA_ROWS  # noqa: E402,F401
 from studies.beam_settings import SEARCH_GRID, SEARCH_PAIRS  # noqa: E402,F401
 from studies.flexible import CPS_ROWS  # noqa: E402,F401
 from studies.manifest import searched_with  # noqa: E402,F401
@@ -37,8 +37,8 @@ TRAINED = FROM_SCRATCH + FINETUNES
 DECODES = (architectures.DECODES + hard_parity.DECODES + conversion.DECODES + flexible.DECODES
            + beam_settings.DECODES + topk.DECODES)
 # every CPU benchmark scripts/results.sh runs (after all training), and what each output shows
-BENCHMARKS = speed.BENCHMARKS + ENGINE_BENCHMARKS + topk.BENCHMARKS
-OUTPUTS = {**speed.OUTPUTS, **{b.name: b.what for b in topk.BENCHMARKS}}
+BENCHMARKS = speed.BENCHMARKS + ENGINE_BENCHMARKS + topk.BENCHMARKS + (architectures.HEADLINE_SPEED,)
+OUTPUTS = {**speed.OUTPUTS, **{b.name: b.what for b in topk.BENCHMARKS + (architectures.HEADLINE_SPEED,)}}
 
 
 def decodes_by_name():

@@ -43,7 +43,9 @@ def build_parser():
                    help="an architecture with random weights (use --fixed-output-len)")
     p.add_argument("--dims", choices=("preset", "small"), default="preset",
                    help="--arch models: each architecture's own dims, or the small preset's "
-                        "(4+4 layers, d=128, FFN 256, 4 heads) for all, fairseq's transformer included")
+                        "(4+4 layers, d=128, FFN 256, 4 heads) for those that are not a _small "
+                        "preset already (fairseq's transformer; a _small preset keeps its own, "
+                        "e.g. 8 decoder heads)")
     p.add_argument("--override", action="append", metavar="NAME=DICT",
                    help="model overrides for one model, e.g. hard=\"{'dec_self_attn_kind': 'soft'}\"")
     p.add_argument("--baseline", help="model the ratios refer to (default: the first)")
@@ -107,7 +109,8 @@ def main(argv=None):
             f"beam {args.beam}, batch {args.batch_size}, {args.device} {args.dtype}, "
             f"{args.threads} thread(s)")
         models = load_models(specs, task, device=args.device, dtype=args.dtype,
-                             arch_overrides=SMALL_DIMS if args.dims == "small" else None)
+                             arch_overrides=SMALL_DIMS if args.dims == "small" else None,
+                             keep_small_presets=True)
         set_decoding_engine(models, args.decoding_engine)
         peers = ctranslate2_peer.peers(args.ctranslate2, models, dictionary, batches, args.beam,
                                        args.fixed_output_len, args.threads) if args.ctranslate2 else {}

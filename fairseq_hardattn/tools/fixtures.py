@@ -81,8 +81,11 @@ def set_decoding_engine(models: Dict[str, "torch.nn.Module"], engine: Optional[s
             model.decoder.decoding_engine = engine
 
 
-def load_models(specs: List[ModelSpec], task, arch_overrides=None, device="cpu", dtype="fp32"):
-    """name -> model on ``device`` in ``dtype``, built from a checkpoint or an arch."""
+def load_models(specs: List[ModelSpec], task, arch_overrides=None, device="cpu", dtype="fp32",
+                keep_small_presets=False):
+    """name -> model on ``device`` in ``dtype``, built from a checkpoint or an
+    arch (``arch_overrides`` on every arch, or only on those that are not a
+    ``_small`` preset with ``keep_small_presets``)."""
     models = {}
     for spec in specs:
         torch.manual_seed(0)
@@ -96,7 +99,8 @@ def load_models(specs: List[ModelSpec], task, arch_overrides=None, device="cpu",
         else:
             if spec.arch not in ARCH_MODEL_REGISTRY:
                 raise ConfigError(f"unknown architecture {spec.arch!r}")
-            args = argparse.Namespace(arch=spec.arch, **(arch_overrides or {}))
+            overrides = {} if keep_small_presets and spec.arch.endswith("_small") else arch_overrides
+            args = argparse.Namespace(arch=spec.arch, **(overrides or {}))
             for key, value in spec.overrides.items():
                 setattr(args, key, value)
             ARCH_CONFIG_REGISTRY[spec.arch](args)

@@ -2,8 +2,11 @@
 the runs of the main table (results/README.md), the peers decoded by
 fairseq's own models, and the rows the README's headline table picks."""
 
+from dataclasses import dataclass
+
 from .hard_parity import HARD_PRE_ARGMAX, HARD_PRE_ARGMAX_DROP01_H8_ANNEAL, SOFT_PRE, SOFT_PRE_DROP01_H8
-from .manifest import Decode, Run, decoded_with
+from .manifest import Benchmark, Decode, Run, decoded_with
+from .topk import PRESET_RUN as TOPK_PRESET_RUN
 
 RUNS = (
     Run("soft", "transformer_soft_small", "", "soft baseline: fairseq's Transformer, small preset"),
@@ -58,3 +61,60 @@ TABLE_EXTRA_ROWS = ("fairseq", "fairseq_h8", "hard_pre_argmax_from_soft", "hard_
                     "hard_pre_argmax_decoded_soft", "fairseq_cross_self",
                     "flexible_ft", "flexible_band_ft", "flexible_gate32_band_ft", "soft_ft",
                     "flexible_ce_ft", "flexible_band_5ep_ft")
+
+
+@dataclass(frozen=True)
+class Headline:
+    """A row of the README's table: the preset a user picks, what it changes,
+    the run whose test2016 BLEU it shows, and its model in the headline speed
+    benchmark (fp32, and ``_int8``) and in the GPU table's benchmark."""
+    preset: str
+    what: str
+    run: str
+    gpu_model: str = ""
+
+
+# the architectures a user would pick, at the small preset (the peers first)
+HEADLINES = (
+    Headline("transformer", "fairseq's own Transformer, fairseq's generator (the peer)", "fairseq", "fairseq"),
+    Headline("ctranslate2", "CTranslate2 decoding the same weights (the peer users pick for speed)", ""),
+    Headline("transformer_soft_small", "soft attention, the plugin's decoding engine", "soft", "soft"),
+    Headline("transformer_soft_prenorm_small", "soft, pre-norm layers (the hard presets' counterpart)",
+             SOFT_PRE.name),
+    Headline("transformer_hard_dec_prenorm_small", "hard retrieval in decoder self- and cross-attention "
+             "(pre-norm, straight-through argmax)", HARD_PRE_ARGMAX.name),
+    Headline("transformer_hard_dec_anneal_small", "the same with 8 decoder heads and a soft-to-hard "
+             "curriculum, at dropout 0.1", HARD_PRE_ARGMAX_DROP01_H8_ANNEAL.name),
+    Headline("transformer_topk_dec_small", "top-k retrieval (each head attends to its k best keys)",
+             TOPK_PRESET_RUN),
+    Headline("transformer_cross_self_small", "cross+self: one attention over [encoder; decoder]",
+             "cross_self", "cross_self"),
+    Headline("transformer_aan_small", "average attention network in decoder self-attention", "aan", "aan"),
+    Headline("transformer_flexible_small", "flexible cross-attention (skips distant source positions)",
+             "flexible", "flexible"),
+    Headline("transformer_local_small", "Luong's local cross-attention (flexible's baseline)",
+             "local", "local"),
+)
+HEADLINE_PEERS = ("transformer", "ctranslate2")
+
+
+def _headline_models() -> str:
+    args = ["--arch transformer=transformer", "--ctranslate2 ctranslate2=transformer:float32",
+            "--ctranslate2 ctranslate2_int8=transformer:int8"]
+    for preset in (h.preset for h in HEADLINES if h.preset not in HEADLINE_PEERS):
+        # flexible attention's threshold rule reads the mean source length (the benchmark's sources)
+        own = "'flexible_mean_source_length':30.0" if "flexible" in preset else ""
+        args.append(f"--arch {preset}={preset}" + (f" --override {preset}={{{own}}}" if own else ""))
+        args.append(f"--arch {preset}_int8={preset} --override {preset}_int8="
+                    + "{" + ",".join(filter(None, (own, "'int8_decoding':True"))) + "}")
+    return " ".join(args)
+
+
+# the table's CPU columns: every headline preset (fp32 and int8) beside fairseq's
+# transformer and CTranslate2 on the same weights (the small presets' dims, random
+# weights: 30-token sources decoded to exactly 30 tokens, beam 4, one thread)
+HEADLINE_SPEED = Benchmark(
+    "speed_headline", "the README table's CPU columns: every preset a user would pick, fp32 and int8, "
+    "beside fairseq's transformer and CTranslate2 (small preset, random weights, 30 tokens)",
+    f"{_headline_models()} --dims small --vocab 10000 --src-len 30 --num-sentences 256 --batch-size 64 "
+    "--fixed-output-len 30 --beam 4 --reps 3 --threads 1 --baseline transformer")

@@ -25,6 +25,8 @@ def topk_run(k: int) -> Run:
 
 # trained as soft_pre / hard_pre_argmax and their seed-2 runs, beside them
 RUNS = tuple(run for k in TOPK_TRAIN_KS for run in (topk_run(k), reseeded(topk_run(k), 2)))
+# the run behind the preset transformer_topk_dec_small (its PRESET_K)
+PRESET_RUN = topk_run(2).name
 
 # decoding-time k on models trained soft and hard (Table 4, one step further)
 DECODES = tuple(decoded_with_topk(run, k) for run in ("soft_pre", "hard_pre_argmax") for k in TOPK_DECODE_KS)
