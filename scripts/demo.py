@@ -34,9 +34,12 @@ USER_DIR = REPO / "fairseq_hardattn"
 BIN = Path(sys.executable).parent
 
 MODELS = [  # (label, --arch): the soft baseline first
-    ("soft baseline", os.environ.get("DEMO_SOFT", "transformer_soft_prenorm_small")),
-    ("hard retrieval", os.environ.get("DEMO_HARD", "transformer_hard_dec_prenorm_small")),
+    ("soft baseline", os.environ.get("DEMO_SOFT", "transformer_soft_prenorm_h8_small")),
+    ("hard retrieval", os.environ.get("DEMO_HARD", "transformer_hard_dec_anneal_small")),
 ]
+# the synthetic task's epoch: 135 updates of 1,024 tokens; the curriculum preset
+# goes from soft to hard over the first half of the training
+UPDATES_PER_EPOCH = 135
 
 
 # in-process fairseq (the timing step) would log every dataset and model load
@@ -133,6 +136,8 @@ def train_command(args, work, data_bin, arch):
         "--save-dir", save_dir, "--no-epoch-checkpoints", "--no-last-checkpoints",
         "--no-progress-bar", "--log-format", "simple", "--log-interval", 1000,
     ]
+    if "anneal" in arch:
+        cmd += ["--hard-anneal-updates", UPDATES_PER_EPOCH * args.epochs // 2]
     return cmd, save_dir.with_suffix(".train.log"), save_dir / "checkpoint_best.pt"
 
 
