@@ -281,11 +281,11 @@ class AttentionKindTransformerModel(ClearCheckpointErrors, TransformerModel):
                                  "sampled from the attention distribution (the paper) or its "
                                  "argmax, as at inference (straight-through argmax)")
         parser.add_argument("--decoding-engine", choices=decoding_engine.ENGINES,
-                            help="how incremental decoding runs: 'auto' (the default: 'graph' "
-                                 "on CUDA, 'dynamic' elsewhere), 'dynamic' (fairseq's way), "
-                                 "'static' (preallocated caches written in place), 'graph' "
-                                 "(static, the step replayed as a CUDA graph); see "
-                                 "models/decoding_engine.py")
+                            help="how decoding runs: 'auto' (the default; 'search': the plugin's "
+                                 "beam search, its step a CUDA graph on a GPU), 'fairseq' "
+                                 "(fairseq's generator and step; 'dynamic' is its former name), "
+                                 "'static' / 'graph' (fairseq's generator over the static or "
+                                 "captured step); see models/decoding_engine.py")
         parser.add_argument("--int8-decoding", action="store_true",
                             help="decode with int8 Linear layers (PyTorch's dynamic quantization, "
                                  "CPU only); a decoding-time --model-overrides key or hub "

@@ -1,32 +1,32 @@
-"""The decoding engine: one decoder step without per-step overhead.
+"""The decoding engine: which search decodes, and how a decoder step runs.
 
 ``--decoding-engine`` (a model option; at decoding time
-``--model-overrides "{'decoding_engine': 'graph'}"`` or the hub's
-``decoding_engine='graph'``) chooses how fairseq's generator runs our
-decoder step by step:
+``--model-overrides "{'decoding_engine': 'fairseq'}"`` or the hub's
+``decoding_engine='fairseq'``):
 
-- ``auto`` (the default): ``graph`` on CUDA, ``dynamic`` elsewhere (on a
-  CPU the static step is slower than fairseq's). The captured step gave the
-  eager hypotheses for every architecture on an H200
-  (tests/test_decoding_engine.py) and decoded 1.2-1.6x as fast as fairseq's
-  transformer there (results/speed_gpu_*).
-- ``dynamic``: fairseq's way. Self-attention caches grow by one
+- ``auto`` (the default), ``search``: the plugin's beam search
+  (``generation/beam_search.py``: fairseq's hypotheses and scores, its own
+  passes over the vocabulary), whose step is ``graph`` on CUDA and, on a
+  CPU, fairseq's step with self-attention caches that are never reordered
+  (``modules/lineage_decoding.py``).
+- ``fairseq`` (formerly ``dynamic``, the name checkpoints may carry):
+  fairseq's generator and fairseq's step. Self-attention caches grow by one
   concatenation per step, the beam is reordered into new tensors, finished
   sentences leave the batch.
-- ``static``: the decoding state of ``modules.static_decoding`` — a fixed
-  number of rows, preallocated caches written in place at a position held
-  on the device, every state reordered in place — so that every step after
-  the first runs the same operations on the same tensors. The step here
-  is ours (embedding, layers, output projection): fairseq's decoder asks the
-  device whether a token is padding on every step, which would stall a
-  captured step. Same hypotheses as ``dynamic`` (tests/test_decoding_engine.py).
+- ``static``: fairseq's generator over the static step of
+  ``modules.static_decoding`` — a fixed number of rows, preallocated caches
+  written in place at a position held on the device, every state reordered
+  in place — so that every step after the first runs the same operations on
+  the same tensors. The step here is ours (embedding, layers, output
+  projection): fairseq's decoder asks the device whether a token is padding
+  on every step, which would stall a captured step.
 - ``graph``: ``static``, with the layers of the step captured once as a CUDA
   graph and replayed on later steps (re-captured when the cache grows): the
   kernel launches and the Python of a step cost one replay. CUDA only (on
   other devices it runs as ``static``).
 
-The generator, beam search and scoring stay fairseq's: the engine is reached
-through fairseq-generate, fairseq-interactive and the hub alike.
+All of them run through fairseq-generate, fairseq-interactive and the hub
+(``generation.generator_class`` picks the search; ``resolved`` the step).
 """
 
 import math
