@@ -14,7 +14,7 @@ setup(
     ),
     packages=find_packages(include=["fairseq_hardattn", "fairseq_hardattn.*"]),
     # C kernels are compiled on first use (fairseq_hardattn/kernels)
-    package_data={"fairseq_hardattn.kernels": ["*.c"]},
+    package_data={"fairseq_hardattn.kernels": ["*.c", "*.h"]},
     python_requires=">=3.10",
     install_requires=[
         FAIRSEQ_PIN,

@@ -1,6 +1,9 @@
 """Compiled CPU kernels: plain C, built on first use with the system's C
 compiler and loaded with ctypes (no torch headers to compile, so a build
-takes well under a second; no build step at install time).
+takes well under a second; no build step at install time): flexible
+attention's band (``flexible_band.c``), the plugin's search's candidates
+(``beam_candidates.c``) and self-attention over lineage caches
+(``lineage_attention.c``).
 
 A build is cached under ``$FAIRSEQ_HARDATTN_KERNEL_DIR`` (default
 ``~/.cache/fairseq_hardattn/kernels``), keyed by the source, the compiler,
@@ -68,8 +71,9 @@ def build(name: str) -> Path:
     cc = compiler()
     if cc is None:
         raise RuntimeError("no C compiler found (CC={!r}; install gcc or set CC)".format(os.environ.get("CC", "")))
+    headers = [path.read_bytes() for path in sorted(SOURCE_DIR.glob("*.h"))]  # what sources include
     key = hashlib.sha256(b"\0".join(
-        [source.read_bytes(), cc.encode(), " ".join(FLAGS).encode(), _cpu_signature()]
+        [source.read_bytes(), *headers, cc.encode(), " ".join(FLAGS).encode(), _cpu_signature()]
     )).hexdigest()[:16]
     target = cache_dir() / f"{name}-{key}.so"
     if target.exists():
@@ -107,16 +111,22 @@ _FLEXIBLE_BAND_ARGS = [_ptr, _i64, _i64, _f32, _ptr, _ptr, _i64, _ptr, _i64, _i6
                        _ptr, _ptr, _f32, _f32, _f32, _ptr, _ptr, _ptr]
 
 
-def flexible_band_function():
-    """The C function ``flexible_band_step``, or None."""
-    library = load("flexible_band")
+def _function(library_name: str, name: str, argtypes, restype):
+    """The C function ``name`` of the kernel library ``library_name`` with
+    its signature set, or None (no library)."""
+    library = load(library_name)
     if library is None:
         return None
-    function = library.flexible_band_step
+    function = getattr(library, name)
     if function.argtypes is None:
-        function.argtypes = _FLEXIBLE_BAND_ARGS
-        function.restype = ctypes.c_int
+        function.argtypes = argtypes
+        function.restype = restype
     return function
+
+
+def flexible_band_function():
+    """The C function ``flexible_band_step``, or None."""
+    return _function("flexible_band", "flexible_band_step", _FLEXIBLE_BAND_ARGS, ctypes.c_int)
 
 
 def can_run_flexible_band(q: Tensor, k: Tensor, v: Tensor) -> bool:
@@ -159,14 +169,7 @@ _BEAM_CANDIDATES_ARGS = [_ptr, _i64, _i64, _i64, _ptr, _ptr, _i64, _i64, _ptr, _
 
 def beam_candidates_function():
     """The C function ``beam_candidates``, or None."""
-    library = load("beam_candidates")
-    if library is None:
-        return None
-    function = library.beam_candidates
-    if function.argtypes is None:
-        function.argtypes = _BEAM_CANDIDATES_ARGS
-        function.restype = None
-    return function
+    return _function("beam_candidates", "beam_candidates", _BEAM_CANDIDATES_ARGS, None)
 
 
 def can_run_beam_candidates(logits: Tensor) -> bool:
@@ -200,14 +203,7 @@ _LINEAGE_ATTENTION_ARGS = [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64,
 
 def lineage_attention_function():
     """The C function ``lineage_attention``, or None."""
-    library = load("lineage_attention")
-    if library is None:
-        return None
-    function = library.lineage_attention
-    if function.argtypes is None:
-        function.argtypes = _LINEAGE_ATTENTION_ARGS
-        function.restype = ctypes.c_int
-    return function
+    return _function("lineage_attention", "lineage_attention", _LINEAGE_ATTENTION_ARGS, ctypes.c_int)
 
 
 def lineage_attention(q: Tensor, keys: Tensor, values: Tensor, ancestors: Tensor, rows: int,

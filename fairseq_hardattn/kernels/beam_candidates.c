@@ -17,6 +17,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "sorted_insert.h"
+
 #define BLOCK 64
 
 /* 2^y for y <= 0, y >= -126 (clamped by the caller) */
@@ -45,21 +47,6 @@ static float sum_exp(const float *x, int64_t n, float max) {
         sum += exp2_poly(y);
     }
     return sum;
-}
-
-/* insert (value, index) into the descending list of `count` (< k, or
- * value beating the last) entries */
-static inline void insert(float *vals, int64_t *idx, int64_t *count, int64_t k, float value,
-                          int64_t index) {
-    int64_t at = *count < k ? *count : k - 1;
-    while (at > 0 && vals[at - 1] < value) {
-        vals[at] = vals[at - 1];
-        idx[at] = idx[at - 1];
-        --at;
-    }
-    vals[at] = value;
-    idx[at] = index;
-    if (*count < k) ++*count;
 }
 
 static inline int is_special(int64_t col, const int64_t *cols, int64_t nspecial) {
@@ -123,7 +110,7 @@ void beam_candidates(const float *logits, int64_t rows, int64_t vocab, int64_t s
                 continue;
             for (int64_t j = start; j < start + width; ++j) {
                 if (special && is_special(j, cols, nspecial)) continue;
-                if (count < k || x[j] > vals[k - 1]) insert(vals, idx, &count, k, x[j], j);
+                if (count < k || x[j] > vals[k - 1]) sorted_insert(vals, idx, &count, k, x[j], j);
             }
         }
         for (int64_t s = 0; s < nspecial; ++s) {

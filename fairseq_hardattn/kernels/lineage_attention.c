@@ -14,6 +14,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "sorted_insert.h"
+
 enum { SOFT = 0, HARD = 1, TOPK = 2 };
 
 static inline float dot(const float *a, const float *b, int64_t n) {
@@ -65,17 +67,8 @@ int lineage_attention(const float *q, const float *keys, const float *values,
                 int64_t want = k < length ? k : length;
                 for (int64_t s = 0; s < length; ++s) {
                     float score = dot(query, ROW(keys, s), dim);
-                    if (n < want || score > kept_scores[want - 1]) {
-                        int64_t at = n < want ? n : want - 1;
-                        while (at > 0 && kept_scores[at - 1] < score) {
-                            kept_scores[at] = kept_scores[at - 1];
-                            kept[at] = kept[at - 1];
-                            --at;
-                        }
-                        kept_scores[at] = score;
-                        kept[at] = s;
-                        if (n < want) ++n;
-                    }
+                    if (n < want || score > kept_scores[want - 1])
+                        sorted_insert(kept_scores, kept, &n, want, score, s);
                 }
                 for (int64_t j = 0; j < n; ++j) scores[j] = kept_scores[j] * scale;
             }

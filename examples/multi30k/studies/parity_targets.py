@@ -13,6 +13,7 @@ from .hard_parity import (CURRICULUM_PAIRS, HARD_PRE_ARGMAX_BASE, HARD_PRE_ARGMA
                           SOFT_PRE_BASE, SOFT_PRE_D256, SOFT_PRE_DROP01, SOFT_PRE_DROP01_H8,
                           SOFT_PRE_DROP01_H8_S2, SOFT_PRE_DROP02, SOFT_PRE_DROP02_H8)
 from .manifest import Target, decoded_with
+from .topk import PAIRS as TOPK_PAIRS
 
 # (hard or cross+self run, its soft counterpart: the same recipe) for the gap column
 PARITY_PAIRS = (("hard", "soft"), ("hard_pre", "soft_pre"), ("hard_pre_argmax", "soft_pre"),
@@ -73,7 +74,9 @@ PARITY_PAIRS = (("hard", "soft"), ("hard_pre", "soft_pre"), ("hard_pre_argmax", 
                 ("cross_self", "soft"), ("cross_self_pre", "soft_pre"),
                 ("cross_self_pre_s2", "soft_pre_s2"),
                 *CROSS_SELF_DROP01_PAIRS, (CROSS_SELF_PRE_DROP01.name, SOFT_PRE.name),
-                (CROSS_SELF_PRE_DROP02.name, SOFT_PRE_DROP02.name))
+                (CROSS_SELF_PRE_DROP02.name, SOFT_PRE_DROP02.name),
+                # top-k retrieval (issue 61) against soft trained alike
+                *(pair for pairs in TOPK_PAIRS.values() for pair in pairs))
 
 
 
@@ -87,5 +90,7 @@ PARITY_TARGETS = (
            CROSS_SELF_DROP01_PAIRS, -0.3),
     Target("a soft checkpoint converted to hard in 20 % of its updates within 0.3: the recipe's conversion "
            "against 5 more soft epochs", CONVERSION_PAIRS, -0.3),
+    *(Target(f"top-{k} retrieval within 0.3 of soft trained alike (issue 61): pre-norm, dropout 0.3", pairs, -0.3)
+      for k, pairs in TOPK_PAIRS.items()),
 )
 

@@ -27,6 +27,9 @@ def topk_run(k: int) -> Run:
 RUNS = tuple(run for k in TOPK_TRAIN_KS for run in (topk_run(k), reseeded(topk_run(k), 2)))
 # the run behind the preset transformer_topk_dec_small (its PRESET_K)
 PRESET_RUN = topk_run(2).name
+# each k's seeds beside the soft runs trained alike (soft_pre: seed 1, soft_pre_s2: seed 2)
+SOFT_ALIKE = ("soft_pre", "soft_pre_s2")
+PAIRS = {k: tuple(zip((topk_run(k).name, reseeded(topk_run(k), 2).name), SOFT_ALIKE)) for k in TOPK_TRAIN_KS}
 
 # decoding-time k on models trained soft and hard (Table 4, one step further)
 DECODES = tuple(decoded_with_topk(run, k) for run in ("soft_pre", "hard_pre_argmax") for k in TOPK_DECODE_KS)
