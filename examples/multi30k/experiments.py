@@ -35,10 +35,12 @@ FROM_SCRATCH = RUNS + hard_parity.RUNS + cross_self_parity.RUNS + topk.RUNS
 FINETUNES = flexible.FINETUNES + conversion.FINETUNES
 TRAINED = FROM_SCRATCH + FINETUNES
 DECODES = (architectures.DECODES + hard_parity.DECODES + conversion.DECODES + flexible.DECODES
-           + beam_settings.DECODES + topk.DECODES)
+           + beam_settings.DECODES + topk.DECODES + speed.DECODES)
 # every CPU benchmark scripts/results.sh runs (after all training), and what each output shows
-BENCHMARKS = speed.BENCHMARKS + ENGINE_BENCHMARKS + topk.BENCHMARKS + (architectures.HEADLINE_SPEED,)
-OUTPUTS = {**speed.OUTPUTS, **{b.name: b.what for b in topk.BENCHMARKS + (architectures.HEADLINE_SPEED,)}}
+BENCHMARKS = (speed.BENCHMARKS + ENGINE_BENCHMARKS + (speed.GENERATE_TRAINED,) + topk.BENCHMARKS
+              + (architectures.HEADLINE_SPEED,))
+OUTPUTS = {**speed.OUTPUTS, **{b.name: b.what for b in
+                               (speed.GENERATE_TRAINED,) + topk.BENCHMARKS + (architectures.HEADLINE_SPEED,)}}
 
 
 def decodes_by_name():

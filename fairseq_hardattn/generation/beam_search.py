@@ -91,15 +91,14 @@ class PluginBeamSearch(SequenceGenerator):
                             and self.repeat_ngram_blocker is None
                             and not getattr(model.decoder, "cross_self_attention", False))
 
-        # the search's state: per hypothesis (row), its last token and cumulative score;
-        # per step, every row's token, cumulative score and the row it continues
         # candidates per hypothesis, and per sentence as fairseq's (at step 0 from one hypothesis)
         candidates = min(2 * beam, vocab)
         first_candidates, sentence_candidates = min(2 * beam, vocab - 1), min(2 * beam, beam * vocab - 1)
+        # the search's state: per hypothesis (row), its last token and cumulative score;
+        # per step, every row's token, cumulative score and the row it continues
         rows = bsz * beam
-        last = torch.full((bsz if one_per_sentence else rows,), self.eos if bos_token is None else bos_token,
-                          dtype=torch.long,
-                          device=device)
+        bos = self.eos if bos_token is None else bos_token
+        last = torch.full((bsz if one_per_sentence else rows,), bos, dtype=torch.long, device=device)
         scores = torch.zeros(rows, device=device)
         step_tokens = torch.empty(max_len + 1, rows, dtype=torch.long, device=device)
         step_scores = torch.empty(max_len + 1, rows, device=device)

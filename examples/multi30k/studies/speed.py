@@ -4,7 +4,7 @@ and what every other output of scripts/results.sh shows."""
 
 from .architectures import RUNS
 from .hard_parity import HARD_PRE_ARGMAX_DROP01, HARD_PRE_ARGMAX_DROP01_H8_ANNEAL, SOFT_PRE_DROP01, SOFT_PRE_DROP01_H8
-from .manifest import Benchmark
+from .manifest import Benchmark, Decode
 
 _TRAINED = ("fairseq",) + tuple(run.name for run in RUNS) + (
     "flexible_ft", "flexible_band_ft", "flexible_gate32_band_ft", "fairseq_cross_self")
@@ -141,6 +141,22 @@ ENGINE_BENCHMARKS = (
     engine_benchmark("speed_engine_base_100tok", "the decoding engine at Transformer Base dims, 100 tokens",
                      "preset", 100, 32, 32, 3),
 )
+
+# fairseq-generate's decoding on trained checkpoints (test2016, natural lengths,
+# beam 4, batch 64, one thread): each architecture with the plugin's search and,
+# the same checkpoint, with fairseq's generator (the decodes below: their BLEU is
+# the engine's, the same hypotheses). Runs missing from a work dir are left out
+# (a short-budget work dir serves: the ratio is the generator's, not the model's)
+GENERATE_TRAINED_RUNS = ("soft", "hard", "soft_pre", "hard_pre_argmax", "topk2_pre", "cross_self",
+                         "hard_cross_self", "aan", "aan_no_ffn", "flexible", "local")
+DECODES = tuple(Decode(f"{run}_fairseq_generator", run, {"decoding_engine": "fairseq"},
+                       f"the `{run}` checkpoint decoded by fairseq's generator (the engine's peer)")
+                for run in GENERATE_TRAINED_RUNS)
+GENERATE_TRAINED = Benchmark(
+    "speed_generate_trained", "fairseq-generate's decoding of test2016 with the trained checkpoints: the "
+    "plugin's search against fairseq's generator on the same checkpoint, per architecture",
+    "--beam 4 --batch-size 64 --reps 3 --threads 1",
+    tuple(name for run in GENERATE_TRAINED_RUNS for name in (f"{run}_fairseq_generator", run)), data=True)
 
 # the main table's speed columns: each row from the first of these that measured it
 TABLE_SPEED_BENCHMARKS = ("speed_small", "speed_small_parity", "speed_small_curriculum")
