@@ -53,6 +53,21 @@ def test_every_shell_script_explains_its_usage_when_called_without_arguments(nam
     assert "usage" in proc.stderr.lower() and "Traceback" not in proc.stderr
 
 
+def test_demo_end_to_end_on_given_data(reorder_data, tmp_path):
+    """make demo's job on the tiny task: both models trained, scored and timed
+    with fairseq's generator and the plugin's engine, and the table printed."""
+    proc = script("demo.py", "--data", reorder_data.parent / "raw", "--work-dir", tmp_path / "demo",
+                  "--epochs", 1, "--threads", 1, "--reps", 1)
+    steps = re.findall(r"step (\d)/4", proc.stdout)
+    assert sorted(set(steps)) == ["1", "2", "3", "4"]
+    for arch in ("transformer_soft_prenorm_h8_small", "transformer_hard_dec_anneal_small"):
+        row = next(line.split() for line in proc.stdout.splitlines() if line.startswith(arch))
+        bleu, fairseq_rate, engine_rate, speedup = map(float, (*row[1:4], row[4].rstrip("x")))
+        assert 0 <= bleu <= 100 and fairseq_rate > 0 and engine_rate > 0
+        assert speedup == pytest.approx(engine_rate / fairseq_rate, rel=0.05)
+    assert "What it means: hard retrieval" in proc.stdout
+
+
 def test_benchmark_random_weights_side_by_side(tmp_path):
     out = tmp_path / "bench.json"
     proc = script("benchmark_decoding.py", *sum((["--arch", a] for a in TINY_SMALL_ARCHS), []),

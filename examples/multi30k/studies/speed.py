@@ -152,6 +152,11 @@ GENERATE_TRAINED_RUNS = ("soft", "hard", "soft_pre", "hard_pre_argmax", "topk2_p
 DECODES = tuple(Decode(f"{run}_fairseq_generator", run, {"decoding_engine": "fairseq"},
                        f"the `{run}` checkpoint decoded by fairseq's generator (the engine's peer)")
                 for run in GENERATE_TRAINED_RUNS)
+# int8 Linear layers on the trained parity pair (issue 60: within 0.2 BLEU of fp32)
+INT8_RUNS = ("soft_pre", "hard_pre_argmax", "topk2_pre")
+DECODES += tuple(Decode(f"{run}_int8", run, {"int8_decoding": True},
+                        f"the `{run}` checkpoint decoded with int8 Linear layers (CPU)")
+                 for run in INT8_RUNS)
 GENERATE_TRAINED = Benchmark(
     "speed_generate_trained", "fairseq-generate's decoding of test2016 with the trained checkpoints: the "
     "plugin's search against fairseq's generator on the same checkpoint, per architecture",
