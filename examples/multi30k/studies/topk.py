@@ -24,12 +24,17 @@ def topk_run(k: int) -> Run:
 
 
 # trained as soft_pre / hard_pre_argmax and their seed-2 runs, beside them
-RUNS = tuple(run for k in TOPK_TRAIN_KS for run in (topk_run(k), reseeded(topk_run(k), 2)))
+def seeds(k: int) -> tuple:
+    """topk_run(k) with seeds 1 and 2, as soft_pre and soft_pre_s2."""
+    return topk_run(k), reseeded(topk_run(k), 2)
+
+
+RUNS = tuple(run for k in TOPK_TRAIN_KS for run in seeds(k))
 # the run behind the preset transformer_topk_dec_small (its PRESET_K)
 PRESET_RUN = topk_run(2).name
 # each k's seeds beside the soft runs trained alike (soft_pre: seed 1, soft_pre_s2: seed 2)
 SOFT_ALIKE = ("soft_pre", "soft_pre_s2")
-PAIRS = {k: tuple(zip((topk_run(k).name, reseeded(topk_run(k), 2).name), SOFT_ALIKE)) for k in TOPK_TRAIN_KS}
+PAIRS = {k: tuple(zip((run.name for run in seeds(k)), SOFT_ALIKE)) for k in TOPK_TRAIN_KS}
 
 # decoding-time k on models trained soft and hard (Table 4, one step further)
 DECODES = tuple(decoded_with_topk(run, k) for run in ("soft_pre", "hard_pre_argmax") for k in TOPK_DECODE_KS)
