@@ -230,3 +230,25 @@ def test_int8_decoding_through_generate_interactive_and_the_hub(trained_checkpoi
                                            int8_decoding=True)
     assert isinstance(hub.models[0].decoder.output_projection, Int8Linear)
     assert hub.translate(["s1 s2 s3", "s4 s5"], beam=4)
+
+
+def test_int8_packing_leaves_the_process_engine_and_stays_near_float32():
+    """quantize_for_decoding packs for its chosen engine (oneDNN with AMX)
+    and restores the process-wide quantized engine; each int8 Linear stays
+    within int8 rounding of its float32 layer."""
+    from torch.ao.nn.quantized.dynamic import Linear as Int8Linear
+
+    from fairseq_hardattn.generation.int8 import quantize_for_decoding
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1000))
+    x = torch.randn(32, 64)
+    with torch.no_grad():
+        expected = model(x)
+    before = torch.backends.quantized.engine
+    quantize_for_decoding(model)
+    assert torch.backends.quantized.engine == before
+    assert all(isinstance(model[i], Int8Linear) for i in (0, 2))
+    with torch.no_grad():
+        error = (model(x) - expected).norm() / expected.norm()
+    assert error < 0.05
