@@ -602,3 +602,13 @@ def test_results_sh_distils_a_corpus_once_and_trains_on_it_after(tmp_path, trans
         for student in students:
             assert f"{student}: skipped (its start run, teacher or distilled corpus is not ready)" \
                 in proc.stderr
+
+
+def test_the_topk_preset_k_is_the_manifests():
+    """The preset's k (the plugin) and the run the README's headline row reports
+    (the manifest) name the same k."""
+    from fairseq_hardattn.models.topk_retrieval_transformer import PRESET_K
+
+    topk = load_manifest().topk
+    assert topk.PRESET_K == PRESET_K
+    assert topk.PRESET_RUN == topk.topk_run(PRESET_K).name

@@ -5,6 +5,7 @@ and what every other output of scripts/results.sh shows."""
 from .architectures import RUNS
 from .hard_parity import HARD_PRE_ARGMAX_DROP01, HARD_PRE_ARGMAX_DROP01_H8_ANNEAL, SOFT_PRE_DROP01, SOFT_PRE_DROP01_H8
 from .manifest import Benchmark, Decode
+from .topk import SEED1_RUNS as TOPK_SEED1_RUNS
 
 _TRAINED = ("fairseq",) + tuple(run.name for run in RUNS) + (
     "flexible_ft", "flexible_band_ft", "flexible_gate32_band_ft", "fairseq_cross_self")
@@ -148,13 +149,13 @@ ENGINE_BENCHMARKS = (
 # the engine's, the same hypotheses). Runs missing from a work dir are left out;
 # the first present run's generator is the ratios' baseline (a short-budget work
 # dir serves: the ratio is the generator's, not the model's)
-GENERATE_TRAINED_RUNS = ("soft", "hard", "soft_pre", "hard_pre_argmax", "topk2_pre", "cross_self",
+GENERATE_TRAINED_RUNS = ("soft", "hard", "soft_pre", "hard_pre_argmax", *TOPK_SEED1_RUNS, "cross_self",
                          "hard_cross_self", "aan", "aan_no_ffn", "flexible", "local")
 DECODES = tuple(Decode(f"{run}_fairseq_generator", run, {"decoding_engine": "fairseq"},
                        f"the `{run}` checkpoint decoded by fairseq's generator (the engine's peer)")
                 for run in GENERATE_TRAINED_RUNS)
 # int8 Linear layers on the trained parity pair (issue 60: within 0.2 BLEU of fp32)
-INT8_RUNS = ("soft_pre", "hard_pre_argmax", "topk2_pre")
+INT8_RUNS = ("soft_pre", "hard_pre_argmax", *TOPK_SEED1_RUNS)
 DECODES += tuple(Decode(f"{run}_int8", run, {"int8_decoding": True},
                         f"the `{run}` checkpoint decoded with int8 Linear layers (CPU)")
                  for run in INT8_RUNS)

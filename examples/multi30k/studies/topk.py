@@ -30,8 +30,12 @@ def seeds(k: int) -> tuple:
 
 
 RUNS = tuple(run for k in TOPK_TRAIN_KS for run in seeds(k))
-# the run behind the preset transformer_topk_dec_small (its PRESET_K)
-PRESET_RUN = topk_run(2).name
+# each trained k's seed-1 run (the end-to-end speed and int8 decodes take these)
+SEED1_RUNS = tuple(topk_run(k).name for k in TOPK_TRAIN_KS)
+# the preset transformer_topk_dec_small's k (the plugin's PRESET_K: a test pins them equal),
+# the trained k best on valid, and the run behind it
+PRESET_K = 4
+PRESET_RUN = topk_run(PRESET_K).name
 # each k's seeds beside the soft runs trained alike (soft_pre: seed 1, soft_pre_s2: seed 2)
 SOFT_ALIKE = ("soft_pre", "soft_pre_s2")
 PAIRS = {k: tuple(zip((run.name for run in seeds(k)), SOFT_ALIKE)) for k in TOPK_TRAIN_KS}
