@@ -85,7 +85,8 @@ HEADLINES = (
              "(pre-norm, straight-through argmax)", HARD_PRE_ARGMAX.name),
     Headline("transformer_hard_dec_anneal_small", "the same with 8 decoder heads and a soft-to-hard "
              "curriculum, at dropout 0.1", HARD_PRE_ARGMAX_DROP01_H8_ANNEAL.name),
-    Headline("transformer_topk_dec_small", f"top-k retrieval (each head attends softly to its k = {TOPK_PRESET_K} best keys)",
+    Headline("transformer_topk_dec_small",
+             f"top-k retrieval (each head attends softly to its k = {TOPK_PRESET_K} best keys)",
              TOPK_PRESET_RUN),
     Headline("transformer_cross_self_small", "cross+self: one attention over [encoder; decoder]",
              "cross_self", "cross_self"),

@@ -154,7 +154,8 @@ GENERATE_TRAINED_RUNS = ("soft", "hard", "soft_pre", "hard_pre_argmax", *TOPK_SE
 DECODES = tuple(Decode(f"{run}_fairseq_generator", run, {"decoding_engine": "fairseq"},
                        f"the `{run}` checkpoint decoded by fairseq's generator (the engine's peer)")
                 for run in GENERATE_TRAINED_RUNS)
-# int8 Linear layers on the trained parity pair (issue 60: within 0.2 BLEU of fp32)
+# int8 Linear layers on the trained parity pair and each trained k's top-k run
+# (issue 60: within 0.2 BLEU of fp32)
 INT8_RUNS = ("soft_pre", "hard_pre_argmax", *TOPK_SEED1_RUNS)
 DECODES += tuple(Decode(f"{run}_int8", run, {"int8_decoding": True},
                         f"the `{run}` checkpoint decoded with int8 Linear layers (CPU)")
