@@ -22,6 +22,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch.utils import benchmark  # noqa: E402
 
 from fairseq_hardattn.modules.gather import retrieve  # noqa: E402
+from fairseq_hardattn.tools.fixtures import device_name  # noqa: E402
 from fairseq_hardattn.tools.reporting import write_outputs  # noqa: E402
 
 
@@ -87,7 +88,7 @@ def main(argv=None):
         f"{r['attend']:.1f} | {r['index']:.1f} | {r['total_soft']:.1f} | {r['total_hard']:.1f} | "
         f"{r['total_hard'] / r['total_soft']:.2f} |" for r in results]
     table = "\n".join(lines)
-    device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU"
+    device = device_name(args.device)
     print(f"microseconds per call, median; {device}, {args.threads} thread(s), {args.dtype}\n")
     settings = dict(vars(args), torch=torch.__version__, device_name=device)
     write_outputs({"settings": settings, "results": results}, table, args.json, args.markdown)

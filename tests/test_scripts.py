@@ -85,6 +85,14 @@ def test_benchmark_random_weights_side_by_side(tmp_path):
         assert r["train_target_tokens_per_s_median"] > 0
         assert 0 < r["pct_of_attention_free_limit"] <= 100
         assert set(r["attention_share"]) >= {"decoder self-attention", "decoder cross-attention"}
+        # the projections are part of the decoder's attention sublayers: the core-free
+        # limit (sublayers less projections) lies between the speed and the attention-free one
+        projections = r["attention_share"]["projections in decoder attention"]
+        assert 0 < projections < (r["attention_share"]["decoder self-attention"]
+                                  + r["attention_share"]["decoder cross-attention"])
+        assert r["pct_of_attention_free_limit"] < r["pct_of_core_free_limit"] <= 100
+    assert 0 < result["core_free_limit_sentences_per_s"] < result["attention_free_limit_sentences_per_s"]
+    assert "AMX" in result["settings"]["device_name"]  # the CPU, and what int8 packs for
     assert soft["params"] == hard["params"]  # hard retrieval adds no parameters
     assert "| hard |" in (tmp_path / "bench.md").read_text()
     assert "[benchmark]" in proc.stderr  # progress

@@ -46,14 +46,18 @@ def keep_large_blocks_in_the_heap():
     libc.mallopt(m_trim_threshold, 256 * 1024 * 1024)
 
 
+def cpu_has_amx() -> bool:
+    """Whether this CPU has AMX int8 tiles (torch's own check)."""
+    return getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
+
+
 def packing_engine():
     """The quantized engine to pack int8 weights for. With AMX int8 tiles,
     oneDNN's dynamic int8 Linear ran 1.5x-3.0x PyTorch's default (x86 /
     fbgemm) at Transformer Base shapes (128 rows, one thread; the output
     projection to a 10k vocabulary 3.0x); without AMX it is unmeasured, so
     the default stays."""
-    has_amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
-    if has_amx and "onednn" in torch.backends.quantized.supported_engines:
+    if cpu_has_amx() and "onednn" in torch.backends.quantized.supported_engines:
         return "onednn"
     return torch.backends.quantized.engine
 

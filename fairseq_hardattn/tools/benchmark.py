@@ -21,7 +21,7 @@ import torch
 from ..errors import ConfigError
 from ..models.attention_kind_base import SMALL_DIMS
 from ..models.decoding_engine import ENGINES
-from .fixtures import (DTYPES, GENERATE_MAX_LEN, DictionaryTask, check_device, load_models,
+from .fixtures import (DTYPES, GENERATE_MAX_LEN, DictionaryTask, check_device, device_name, load_models,
                        parse_model_specs, random_batches, set_decoding_engine,
                        setup_translation_task, synthetic_dictionary, test_batches, to_device,
                        training_batches)
@@ -143,8 +143,7 @@ def main(argv=None):
                                    max_len)
     settings = {k: v for k, v in vars(args).items() if k not in ("json", "markdown")}
     settings["torch"] = torch.__version__
-    settings["device_name"] = (torch.cuda.get_device_name() if args.device.startswith("cuda")
-                               else "CPU")
+    settings["device_name"] = device_name(args.device)
     settings["sentences"] = sum(b["nsentences"] for b in batches)
     result = report(decode_timings, train_timings, baseline, params, settings, shares)
     write_outputs(result, markdown_table(result), args.json, args.markdown)

@@ -13,6 +13,7 @@ from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 from fairseq.sequence_generator import SequenceGenerator
 
 from ..errors import ConfigError
+from ..generation.int8 import cpu_has_amx
 
 
 @dataclass
@@ -62,6 +63,20 @@ def check_device(device: str):
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"--device {device}: torch finds no CUDA GPU on this machine "
                           "(the GPU benchmarks need one; use --device cpu)")
+
+
+def device_name(device: str) -> str:
+    """The GPU's name, or the CPU's (its model name, and whether it has AMX:
+    int8 decoding packs for oneDNN there), for a benchmark's settings."""
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name()
+    name = "CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{name} ({'with' if cpu_has_amx() else 'no'} AMX)"
 
 
 def to_device(sample, device: str):

@@ -8,7 +8,10 @@ sums the time between them per sublayer kind. The hooks cost two
 
 From the share of decoding time spent in attention follows the speed a
 decoder with free attention would reach (``attention_free_limit``): the
-ceiling any faster attention can approach.
+ceiling any faster attention can approach. The Q/K/V and output projections
+of decoder attention are timed too (``PROJECTIONS``): a mechanism that keeps
+them (hard retrieval, top-k) can at most remove the rest of the sublayer, its
+core (scores, normalisation, the weighted sum, the caches).
 """
 
 import time
@@ -16,6 +19,9 @@ from collections import defaultdict
 from contextlib import contextmanager
 
 SUBLAYERS = ("encoder self-attention", "decoder self-attention", "decoder cross-attention")
+# the Linear layers inside every decoder attention sublayer, timed as one kind
+PROJECTIONS = "projections in decoder attention"
+_PROJECTION_NAMES = ("q_proj", "k_proj", "v_proj", "out_proj")
 
 
 def attention_sublayers(model):
@@ -34,6 +40,14 @@ def attention_sublayers(model):
     return found
 
 
+def decoder_projections(model):
+    """(PROJECTIONS, module) for every projection of a decoder attention sublayer."""
+    return [(PROJECTIONS, projection)
+            for kind, module in attention_sublayers(model) if kind.startswith("decoder")
+            for projection in (getattr(module, name, None) for name in _PROJECTION_NAMES)
+            if projection is not None]
+
+
 class SublayerTimer:
     """Seconds spent per attention sublayer kind while enabled."""
 
@@ -42,7 +56,7 @@ class SublayerTimer:
         self.calls = defaultdict(int)
         self._handles = []
         self._started = {}
-        for kind, module in attention_sublayers(model):
+        for kind, module in attention_sublayers(model) + decoder_projections(model):
             self._handles.append(module.register_forward_pre_hook(self._pre(kind, module)))
             self._handles.append(module.register_forward_hook(self._post(kind, module)))
 
@@ -76,7 +90,14 @@ def timed_sublayers(model):
         timer.remove()
 
 
-def attention_free_limit(total_seconds, attention_seconds, amount):
-    """Rate (``amount`` per second) if attention cost nothing."""
-    remaining = total_seconds - attention_seconds
-    return amount / remaining if remaining > 0 else float("inf")
+def decoder_attention_shares(shares):
+    """(decoder attention, its core) as shares of decoding time, from a
+    {kind: share} of ``SublayerTimer``'s kinds: the core is the sublayers less
+    their projections."""
+    attention = sum(v for k, v in shares.items() if k.startswith("decoder"))
+    return attention, attention - shares.get(PROJECTIONS, 0.0)
+
+
+def free_limit(rate, share):
+    """``rate`` if a part taking ``share`` of the time cost nothing."""
+    return rate / max(1e-9, 1 - share)

@@ -6,6 +6,7 @@ import json
 import sys
 from typing import Optional
 
+from .profiling import decoder_attention_shares, free_limit
 from .timing import median
 
 
@@ -27,13 +28,14 @@ def write_outputs(result, markdown: str, json_path: Optional[str] = None,
 
 def report(decode_timings, train_timings, baseline, param_counts, settings, shares=None):
     rows = []
-    limit = None
+    limit = core_limit = None
     if shares and decode_timings:
-        # the baseline's speed if its decoder attention cost nothing
+        # the baseline's speed if its decoder attention cost nothing, and if
+        # all of it but the projections did (the most a mechanism keeping them can gain)
         base = decode_timings[baseline]
         base_rate = base.rate(base.sentences, median)
-        decoder_share = sum(v for k, v in shares[baseline].items() if k.startswith("decoder"))
-        limit = base_rate / max(1e-9, 1 - decoder_share)
+        decoder_share, core_share = decoder_attention_shares(shares[baseline])
+        limit, core_limit = free_limit(base_rate, decoder_share), free_limit(base_rate, core_share)
     base_decode = median(decode_timings[baseline].seconds) if decode_timings else None
     base_train = median(train_timings[baseline].seconds) if train_timings else None
     for name in param_counts:
@@ -48,6 +50,7 @@ def report(decode_timings, train_timings, baseline, param_counts, settings, shar
                 row["attention_share"] = {k: round(v, 4) for k, v in shares[name].items()}
                 row["pct_of_attention_free_limit"] = round(
                     100 * t.rate(t.sentences, median) / limit, 1)
+                row["pct_of_core_free_limit"] = round(100 * t.rate(t.sentences, median) / core_limit, 1)
         if train_timings and name in train_timings:  # (peers decode only)
             t = train_timings[name]
             row.update(t.summary(t.tokens, "train_target_tokens_per_s"))
@@ -56,6 +59,7 @@ def report(decode_timings, train_timings, baseline, param_counts, settings, shar
     result = {"settings": settings, "baseline": baseline, "results": rows}
     if limit:
         result["attention_free_limit_sentences_per_s"] = round(limit, 2)
+        result["core_free_limit_sentences_per_s"] = round(core_limit, 2)
     return result
 
 
@@ -68,7 +72,7 @@ def markdown_table(result):
         header += ["sent/s (median [min, max])", "tok/s (median)", "decode speed vs " + result["baseline"]]
     has_share = "attention_share" in rows[0]
     if has_share:
-        header += ["attention share of decoding", "% of attention-free limit"]
+        header += ["attention share of decoding", "% of attention-free limit", "% of core-free limit"]
     if has_train:
         header += ["train tgt tok/s (median)", "train speed vs " + result["baseline"]]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -83,7 +87,8 @@ def markdown_table(result):
         if has_share:
             cells += [", ".join(f"{k.replace('-attention', '')} {100 * v:.0f}%"
                                 for k, v in r["attention_share"].items()),
-                      f"{r['pct_of_attention_free_limit']:.0f}%"] if "attention_share" in r else ["—", "—"]
+                      f"{r['pct_of_attention_free_limit']:.0f}%",
+                      f"{r['pct_of_core_free_limit']:.0f}%"] if "attention_share" in r else ["—", "—", "—"]
         if has_train:
             cells += [f"{r['train_target_tokens_per_s_median']:.0f}", f"{r['train_speed_ratio']:.2f}x"] \
                 if "train_speed_ratio" in r else ["—", "—"]

@@ -5,7 +5,7 @@ and what every other output of scripts/results.sh shows."""
 from .architectures import RUNS
 from .hard_parity import HARD_PRE_ARGMAX_DROP01, HARD_PRE_ARGMAX_DROP01_H8_ANNEAL, SOFT_PRE_DROP01, SOFT_PRE_DROP01_H8
 from .manifest import Benchmark, Decode
-from .topk import SEED1_RUNS as TOPK_SEED1_RUNS
+from .topk import PRESET_K, SEED1_RUNS as TOPK_SEED1_RUNS
 
 _TRAINED = ("fairseq",) + tuple(run.name for run in RUNS) + (
     "flexible_ft", "flexible_band_ft", "flexible_gate32_band_ft", "fairseq_cross_self")
@@ -121,7 +121,7 @@ BENCHMARKS = (
 # int8): random weights, sources of SRC tokens decoded to exactly SRC tokens,
 # beam 4, one thread, interleaved repetitions in one process
 def engine_benchmark(name: str, what: str, dims: str, src_len: int, sentences: int, batch: int,
-                     reps: int, extra: str = "") -> Benchmark:
+                     reps: int, extra: str = "", baseline: str = "fairseq") -> Benchmark:
     int8 = "'int8_decoding':True"
     models = ("--arch fairseq=transformer --arch soft=transformer_soft --arch hard=transformer_hard_dec "
               f"--arch soft_int8=transformer_soft --override soft_int8={{{int8}}} "
@@ -129,7 +129,7 @@ def engine_benchmark(name: str, what: str, dims: str, src_len: int, sentences: i
               "--ctranslate2 ct2_fp32=fairseq:float32 --ctranslate2 ct2_int8=fairseq:int8")
     return Benchmark(name, what, f"{models} {extra} --dims {dims} --vocab 10000 --src-len {src_len} "
                      f"--num-sentences {sentences} --batch-size {batch} --fixed-output-len {src_len} "
-                     f"--beam 4 --reps {reps} --threads 1 --baseline fairseq")
+                     f"--beam 4 --reps {reps} --threads 1 --baseline {baseline}")
 
 
 ENGINE_BENCHMARKS = (
@@ -141,6 +141,17 @@ ENGINE_BENCHMARKS = (
                      "100 tokens", "small", 100, 128, 64, 3),
     engine_benchmark("speed_engine_base_100tok", "the decoding engine at Transformer Base dims, 100 tokens",
                      "preset", 100, 32, 32, 3),
+)
+# where a step's time goes on the engine, against soft: the attention sublayers'
+# shares, their projections' (what hard retrieval and top-k keep), and the top-k
+# preset's k beside hard retrieval (30 tokens at the small dims, 100 at Base)
+_SHARES = (f"--arch top{PRESET_K}=transformer_topk_dec --override top{PRESET_K}={{'retrieval_k':{PRESET_K}}} "
+           "--sublayer-times")
+ENGINE_BENCHMARKS += (
+    engine_benchmark("speed_engine_shares_small", "the decoding engine's time per sublayer against soft, "
+                     "small dims, 30 tokens", "small", 30, 256, 64, 5, _SHARES, "soft"),
+    engine_benchmark("speed_engine_shares_base_100tok", "the decoding engine's time per sublayer against "
+                     "soft, Base dims, 100 tokens", "preset", 100, 32, 32, 3, _SHARES, "soft"),
 )
 
 # fairseq-generate's decoding on trained checkpoints (test2016, natural lengths,
