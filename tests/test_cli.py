@@ -233,22 +233,32 @@ def test_int8_decoding_through_generate_interactive_and_the_hub(trained_checkpoi
 
 
 def test_int8_packing_leaves_the_process_engine_and_stays_near_float32():
-    """quantize_for_decoding packs for its chosen engine (oneDNN with AMX)
-    and restores the process-wide quantized engine; each int8 Linear stays
+    """quantize_for_decoding packs for its chosen engines (oneDNN for the
+    output projection, and for every layer with AMX) and restores the process-wide quantized engine; each int8 Linear stays
     within int8 rounding of its float32 layer."""
     from torch.ao.nn.quantized.dynamic import Linear as Int8Linear
 
     from fairseq_hardattn.generation.int8 import quantize_for_decoding
 
+    class Decoder(torch.nn.Module):  # a layer, then the output projection packed apart
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(64, 256)
+            self.output_projection = torch.nn.Linear(256, 1000)
+
+        def forward(self, x):
+            return self.output_projection(torch.relu(self.layer(x)))
+
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1000))
+    model = torch.nn.Module()
+    model.decoder = Decoder()
     x = torch.randn(32, 64)
     with torch.no_grad():
-        expected = model(x)
+        expected = model.decoder(x)
     before = torch.backends.quantized.engine
     quantize_for_decoding(model)
     assert torch.backends.quantized.engine == before
-    assert all(isinstance(model[i], Int8Linear) for i in (0, 2))
+    assert all(isinstance(m, Int8Linear) for m in (model.decoder.layer, model.decoder.output_projection))
     with torch.no_grad():
-        error = (model(x) - expected).norm() / expected.norm()
+        error = (model.decoder(x) - expected).norm() / expected.norm()
     assert error < 0.05
