@@ -178,6 +178,20 @@ def test_op_costs_table(tmp_path):
     assert "hard/soft" in proc.stdout
 
 
+def test_int8_engines_table(tmp_path):
+    proc = script("int8_engines.py", "--shapes", "8x16x32", "4x32x16", "--repeats", 1,
+                  "--min-run-time", 0.01, "--json", tmp_path / "int8.json")
+    result = json.loads((tmp_path / "int8.json").read_text())
+    assert [(r["rows"], r["in"], r["out"]) for r in result["results"]] == [(8, 16, 32), (4, 32, 16)]
+    for r in result["results"]:
+        timed = {k: v for k, v in r.items() if k not in ("rows", "in", "out")}
+        assert "float32" in timed and len(timed) >= 2 and min(timed.values()) > 0  # and an int8 engine
+    assert set(result["settings"]["packing_engines"]) == {"layers", "output_projection"}
+    assert "output projection for" in proc.stdout
+    bad = script("int8_engines.py", "--shapes", "8x16", check=False)
+    assert bad.returncode == 2 and "ROWSxINxOUT" in bad.stderr
+
+
 def test_memory_profile(tmp_path):
     script("memory_profile.py", "--arch", "transformer_soft_small", "--arch", "transformer_aan_small",
            "--batch-tokens", 200, "--train-steps", 1, "--num-sentences", 4, "--length", 5,

@@ -62,11 +62,12 @@ def packing_engines():
     default (x86 / fbgemm), one thread, measured per shape:
     - with AMX int8 tiles (Xeon): 1.5x-3.0x at every Transformer Base shape
       (128 rows), the output projection to a 10k vocabulary 3.0x;
-    - without AMX (AMD EPYC, Zen 4, AVX512-VNNI): 0.88x-1.06x at the layers'
-      shapes, but the output projection 1.73x at the small preset's dims
-      (256 rows, 128 -> 10k) and 1.06x at Base (512 -> 10k).
+    - without AMX (AMD EPYC, Zen 4, AVX512-VNNI): 0.88x-1.00x at the layers'
+      shapes, but the output projection 1.61x at the small preset's dims
+      (256 rows, 128 -> 10k) and 1.08x at Base (512 -> 10k).
     So every layer packs for oneDNN with AMX, and the output projection
-    wherever oneDNN is there; the rest keeps the default."""
+    wherever oneDNN is there; the rest keeps the default
+    (``scripts/int8_engines.py`` measures a CPU)."""
     default = torch.backends.quantized.engine
     onednn = "onednn" if "onednn" in torch.backends.quantized.supported_engines else default
     return (onednn if cpu_has_amx() else default), onednn

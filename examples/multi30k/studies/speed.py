@@ -227,6 +227,8 @@ OUTPUTS = {
                             "(flexible_small_gate: a d/4 gate network)",
     "attention_step_costs_small": "the same at the small preset's dims (d = 128, 4 heads)",
     "op_costs_cpu": "per-operation costs of one decoding step (the hard-attention paper's Table 2)",
+    "int8_engines": "the int8 Linear packed for each quantized engine at a decoding step's shapes "
+                    "(scripts/int8_engines.py: why the output projection packs for oneDNN)",
     "memory": "peak memory of training and decoding",
     "speed_vs_length": "decoding speed against source length",
     "bleu_vs_cps": "flexible attention: BLEU against score computations per step over τ",

@@ -1,0 +1,108 @@
+#!/usr/bin/env python
+"""PyTorch's dynamic int8 Linear packed for each quantized engine (its default,
+x86 / fbgemm, and oneDNN), beside float32, at the shapes of a decoding step:
+the evidence behind `generation/int8.py`'s choice of engines
+(`packing_engines`) on this CPU.
+
+Shapes are rows x in -> out: hypotheses (batch x beam) by the layer's
+dimensions; the defaults are the small preset's (256 rows; d = 128, FFN 256,
+a 10k vocabulary) and Transformer Base's (128 rows; d = 512, FFN 2048).
+Timed with torch.utils.benchmark (median of interleaved measurements), one
+thread by default, with glibc's heap thresholds as int8 decoding sets them.
+
+Example: OMP_NUM_THREADS=1 scripts/int8_engines.py --json results/int8_engines.json
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import warnings
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.utils import benchmark  # noqa: E402
+
+from fairseq_hardattn.generation.int8 import keep_large_blocks_in_the_heap, packing_engines  # noqa: E402
+from fairseq_hardattn.tools.fixtures import device_name  # noqa: E402
+from fairseq_hardattn.tools.reporting import write_outputs  # noqa: E402
+
+DEFAULT_SHAPES = ("256x128x128", "256x128x256", "256x256x128", "256x128x10000",
+                  "128x512x512", "128x512x2048", "128x2048x512", "128x512x10000")
+
+
+def packed(engine: str, layer: nn.Linear) -> nn.Module:
+    """``layer`` as a dynamic int8 Linear packed for ``engine`` (the process's engine restored)."""
+    previous = torch.backends.quantized.engine
+    torch.backends.quantized.engine = engine
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return torch.ao.quantization.quantize_dynamic(nn.Sequential(layer), {nn.Linear},
+                                                          dtype=torch.qint8)
+    finally:
+        torch.backends.quantized.engine = previous
+
+
+@torch.no_grad()
+def costs(rows: int, features_in: int, features_out: int, engines, repeats: int, min_run_time: float):
+    """Microseconds per call (median of ``repeats`` interleaved measurements) per variant."""
+    layer = nn.Linear(features_in, features_out)
+    x = torch.randn(rows, features_in)
+    variants = {"float32": nn.Sequential(layer), **{e: packed(e, layer) for e in engines}}
+    times = {name: [] for name in variants}
+    for _ in range(repeats):
+        for name, module in variants.items():
+            timer = benchmark.Timer("m(x)", globals={"m": module, "x": x})
+            times[name].append(timer.blocked_autorange(min_run_time=min_run_time).median * 1e6)
+    return {name: round(statistics.median(t), 1) for name, t in times.items()}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shapes", nargs="+", default=list(DEFAULT_SHAPES), help="ROWSxINxOUT")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--min-run-time", type=float, default=0.2, help="seconds per measurement")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--json")
+    p.add_argument("--markdown")
+    args = p.parse_args(argv)
+    try:
+        shapes = [tuple(int(n) for n in text.split("x")) for text in args.shapes]
+        if any(len(shape) != 3 or min(shape) < 1 for shape in shapes):
+            raise ValueError
+    except ValueError:
+        p.error("--shapes: give ROWSxINxOUT, e.g. 256x128x10000")
+    torch.set_num_threads(args.threads)
+    keep_large_blocks_in_the_heap()
+    default = torch.backends.quantized.engine
+    engines = [default] + [e for e in ("onednn",) if e in torch.backends.quantized.supported_engines
+                           and e != default]
+    results = []
+    for rows, features_in, features_out in shapes:
+        print(f"[int8_engines] {rows} rows, {features_in} -> {features_out}", file=sys.stderr, flush=True)
+        results.append({"rows": rows, "in": features_in, "out": features_out,
+                        **costs(rows, features_in, features_out, engines, args.repeats,
+                                args.min_run_time)})
+    header = (f"| rows x in -> out | float32 | {' | '.join(engines)} | "
+              + " | ".join(f"{e} vs {default}" for e in engines[1:]) + " |")
+    lines = [header, "|" + "---|" * (2 + 2 * len(engines) - 1)]
+    for r in results:
+        cells = [f"{r['rows']} x {r['in']} -> {r['out']}", f"{r['float32']:.1f}"]
+        cells += [f"{r[e]:.1f}" for e in engines]
+        cells += [f"{r[default] / r[e]:.2f}x" for e in engines[1:]]
+        lines.append("| " + " | ".join(cells) + " |")
+    layers, output_projection = packing_engines()
+    print(f"microseconds per call, median; {device_name('cpu')}, {args.threads} thread(s); "
+          f"int8 decoding packs the layers for {layers}, the output projection for "
+          f"{output_projection}\n")
+    settings = dict(vars(args), torch=torch.__version__, device_name=device_name("cpu"),
+                    packing_engines={"layers": layers, "output_projection": output_projection})
+    write_outputs({"settings": settings, "results": results}, "\n".join(lines), args.json, args.markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
