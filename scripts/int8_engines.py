@@ -17,7 +17,6 @@ import argparse
 import os
 import statistics
 import sys
-import warnings
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -25,7 +24,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils import benchmark  # noqa: E402
 
-from fairseq_hardattn.generation.int8 import keep_large_blocks_in_the_heap, packing_engines  # noqa: E402
+from fairseq_hardattn.generation.int8 import keep_large_blocks_in_the_heap, pack_int8, packing_engines  # noqa: E402
 from fairseq_hardattn.tools.fixtures import device_name  # noqa: E402
 from fairseq_hardattn.tools.reporting import write_outputs  # noqa: E402
 
@@ -33,25 +32,13 @@ DEFAULT_SHAPES = ("256x128x128", "256x128x256", "256x256x128", "256x128x10000",
                   "128x512x512", "128x512x2048", "128x2048x512", "128x512x10000")
 
 
-def packed(engine: str, layer: nn.Linear) -> nn.Module:
-    """``layer`` as a dynamic int8 Linear packed for ``engine`` (the process's engine restored)."""
-    previous = torch.backends.quantized.engine
-    torch.backends.quantized.engine = engine
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return torch.ao.quantization.quantize_dynamic(nn.Sequential(layer), {nn.Linear},
-                                                          dtype=torch.qint8)
-    finally:
-        torch.backends.quantized.engine = previous
-
-
 @torch.no_grad()
 def costs(rows: int, features_in: int, features_out: int, engines, repeats: int, min_run_time: float):
     """Microseconds per call (median of ``repeats`` interleaved measurements) per variant."""
     layer = nn.Linear(features_in, features_out)
     x = torch.randn(rows, features_in)
-    variants = {"float32": nn.Sequential(layer), **{e: packed(e, layer) for e in engines}}
+    variants = {"float32": nn.Sequential(layer),
+                **{e: pack_int8(nn.Sequential(layer), {nn.Linear}, e) for e in engines}}
     times = {name: [] for name in variants}
     for _ in range(repeats):
         for name, module in variants.items():
@@ -95,10 +82,11 @@ def main(argv=None):
         cells += [f"{r[default] / r[e]:.2f}x" for e in engines[1:]]
         lines.append("| " + " | ".join(cells) + " |")
     layers, output_projection = packing_engines()
-    print(f"microseconds per call, median; {device_name('cpu')}, {args.threads} thread(s); "
+    cpu = device_name("cpu")
+    print(f"microseconds per call, median; {cpu}, {args.threads} thread(s); "
           f"int8 decoding packs the layers for {layers}, the output projection for "
           f"{output_projection}\n")
-    settings = dict(vars(args), torch=torch.__version__, device_name=device_name("cpu"),
+    settings = dict(vars(args), torch=torch.__version__, device_name=cpu,
                     packing_engines={"layers": layers, "output_projection": output_projection})
     write_outputs({"settings": settings, "results": results}, "\n".join(lines), args.json, args.markdown)
     return 0

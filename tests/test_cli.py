@@ -234,8 +234,9 @@ def test_int8_decoding_through_generate_interactive_and_the_hub(trained_checkpoi
 
 def test_int8_packing_leaves_the_process_engine_and_stays_near_float32():
     """quantize_for_decoding packs for its chosen engines (oneDNN for the
-    output projection, and for every layer with AMX) and restores the process-wide quantized engine; each int8 Linear stays
-    within int8 rounding of its float32 layer."""
+    output projection, and for every layer with AMX) and restores the
+    process-wide quantized engine; each int8 Linear stays within int8
+    rounding of its float32 layer."""
     from torch.ao.nn.quantized.dynamic import Linear as Int8Linear
 
     from fairseq_hardattn.generation.int8 import quantize_for_decoding

@@ -80,30 +80,35 @@ def _submodule(model, name: str):
         return None
 
 
-def quantize_for_decoding(model):
-    """``model`` with its Linear layers int8 (in place, once). Packed weights
+def pack_int8(model, layers, engine: str):
+    """``layers`` of ``model`` (Linear types or submodule names) made dynamic int8
+    Linear layers in place, their weights packed for ``engine``. Packed weights
     keep the engine they were packed for, so the process-wide engine is set
     only while packing and then restored: nothing else in the process changes."""
-    if getattr(model, "int8_quantized", False):
-        return model
-    check_int8_decoding(model)
     previous_engine = torch.backends.quantized.engine
     with warnings.catch_warnings():
         # torch 2.13 marks its quantized tensor constructors deprecated (pytorch issue
         # 184982); they are the int8 Linear kernels this option exists for
         warnings.filterwarnings("ignore", message=r"torch\.quantize_per_tensor", category=UserWarning)
         warnings.filterwarnings("ignore", message=r".*torchao", category=UserWarning)
-        layers_engine, output_projection_engine = packing_engines()
+        torch.backends.quantized.engine = engine
         try:
-            if isinstance(_submodule(model, OUTPUT_PROJECTION), nn.Linear):
-                torch.backends.quantized.engine = output_projection_engine
-                torch.ao.quantization.quantize_dynamic(model, {OUTPUT_PROJECTION}, dtype=torch.qint8,
-                                                       inplace=True)
-            torch.backends.quantized.engine = layers_engine
-            torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=True)
+            torch.ao.quantization.quantize_dynamic(model, layers, dtype=torch.qint8, inplace=True)
         finally:
             torch.backends.quantized.engine = previous_engine
+    return model
+
+
+def quantize_for_decoding(model):
+    """``model`` with its Linear layers int8 (in place, once), each packed for
+    its engine (``packing_engines``)."""
+    if getattr(model, "int8_quantized", False):
+        return model
+    check_int8_decoding(model)
+    layers_engine, output_projection_engine = packing_engines()
+    if isinstance(_submodule(model, OUTPUT_PROJECTION), nn.Linear):
+        pack_int8(model, {OUTPUT_PROJECTION}, output_projection_engine)
+    pack_int8(model, {nn.Linear}, layers_engine)
     model.int8_quantized = True
     keep_large_blocks_in_the_heap()
     return model
-

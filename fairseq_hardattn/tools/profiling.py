@@ -8,10 +8,11 @@ sums the time between them per sublayer kind. The hooks cost two
 
 From the share of decoding time spent in attention follows the speed a
 decoder with free attention would reach (the attention-free limit,
-``free_limit``): the ceiling any faster attention can approach. The Q/K/V and output projections
-of decoder attention are timed too (``PROJECTIONS``): a mechanism that keeps
-them (hard retrieval, top-k) can at most remove the rest of the sublayer, its
-core (scores, normalisation, the weighted sum, the caches).
+``free_limit``): the ceiling any faster attention can approach. The Q/K/V
+and output projections of decoder attention are timed too
+(``PROJECTIONS``): a mechanism that keeps them (hard retrieval, top-k) can at
+most remove the rest of the sublayer, its core (scores, normalisation, the
+weighted sum, the caches).
 """
 
 import time

@@ -47,10 +47,10 @@ def report(decode_timings, train_timings, baseline, param_counts, settings, shar
             row["generated_tokens"] = t.tokens
             row["decode_speedup"] = round(base_decode / median(t.seconds), 3)
             if limit and name in shares:  # (peers are not profiled)
+                rate = t.rate(t.sentences, median)
                 row["attention_share"] = {k: round(v, 4) for k, v in shares[name].items()}
-                row["pct_of_attention_free_limit"] = round(
-                    100 * t.rate(t.sentences, median) / limit, 1)
-                row["pct_of_core_free_limit"] = round(100 * t.rate(t.sentences, median) / core_limit, 1)
+                row["pct_of_attention_free_limit"] = round(100 * rate / limit, 1)
+                row["pct_of_core_free_limit"] = round(100 * rate / core_limit, 1)
         if train_timings and name in train_timings:  # (peers decode only)
             t = train_timings[name]
             row.update(t.summary(t.tokens, "train_target_tokens_per_s"))
