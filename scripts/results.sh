@@ -177,9 +177,9 @@ done
   --markdown "$RESULTS/attention_step_costs_small.md" >&2
 [ -s "$RESULTS/op_costs_cpu.json" ] || "$PYTHON" "$REPO/scripts/op_costs.py" --threads 1 \
   --json "$RESULTS/op_costs_cpu.json" --markdown "$RESULTS/op_costs_cpu.md" >&2
-# the int8 Linear per quantized engine at a step's shapes (which engine int8 decoding packs for)
-[ -s "$RESULTS/int8_engines.json" ] || "$PYTHON" "$REPO/scripts/int8_engines.py" --threads 1 \
-  --json "$RESULTS/int8_engines.json" --markdown "$RESULTS/int8_engines.md" >&2
+# the Linear per kernel at a step's shapes (which layers float32 packs for oneDNN, which engine int8 packs for)
+[ -s "$RESULTS/linear_engines.json" ] || "$PYTHON" "$REPO/scripts/linear_engines.py" --threads 1 \
+  --json "$RESULTS/linear_engines.json" --markdown "$RESULTS/linear_engines.md" >&2
 [ -s "$RESULTS/memory.json" ] || "$PYTHON" "$REPO/scripts/memory_profile.py" \
   --arch transformer_soft_small --arch transformer_hard_dec_small --arch transformer_cross_self_small \
   --arch transformer_hard_cross_self_small --arch transformer_aan_small \

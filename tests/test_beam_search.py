@@ -15,6 +15,7 @@ from fairseq.sequence_generator import SequenceGenerator, SequenceGeneratorWithA
 import fairseq_hardattn
 from fairseq_hardattn import kernels
 from fairseq_hardattn.generation import PluginBeamSearch, PluginBeamSearchWithAlignment, generator_class
+from fairseq_hardattn.generation import packed_linear
 
 from conftest import build_model, decisive_model, make_dictionary, random_batch
 
@@ -61,6 +62,28 @@ def test_every_architecture_decodes_fairseqs_hypotheses(arch, dtype):
     d = make_dictionary(40)
     model = decisive_model(arch, d, flexible_mean_source_length=6.0).to(dtype)
     assert_same_hypotheses(*both(model, d, sample_of(d), beam_size=4, max_len_b=12))
+
+
+@pytest.mark.skipif(not packed_linear.onednn_linear_available(), reason="PyTorch without oneDNN")
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_architecture_decodes_fairseqs_hypotheses_with_onednn_linears(arch, monkeypatch):
+    """Every Linear layer packed for oneDNN (the tiny models' are below the
+    size that packs): the same hypotheses, and the model as it was after."""
+    monkeypatch.setattr(packed_linear, "MIN_PACKED_WEIGHT", 1)
+    d = make_dictionary(40)
+    model = decisive_model(arch, d, flexible_mean_source_length=6.0).float()
+    sample = sample_of(d)
+    generator = PluginBeamSearch([model], d, beam_size=4, max_len_b=12)
+    with torch.no_grad():
+        before = model(**sample["net_input"], prev_output_tokens=sample["net_input"]["src_tokens"])[0]
+        ours = generator.generate([model], sample)
+        after = model(**sample["net_input"], prev_output_tokens=sample["net_input"]["src_tokens"])[0]
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
+    assert linears and generator._packed_layers == set(linears)
+    assert not any("forward" in vars(m) for m in linears)
+    assert torch.equal(before, after)
+    assert_same_hypotheses(ours, both(model, d, sample, generator_cls=(SequenceGenerator,),
+                                      beam_size=4, max_len_b=12)[0])
 
 
 OPTIONS = {

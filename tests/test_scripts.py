@@ -178,17 +178,19 @@ def test_op_costs_table(tmp_path):
     assert "hard/soft" in proc.stdout
 
 
-def test_int8_engines_table(tmp_path):
-    proc = script("int8_engines.py", "--shapes", "8x16x32", "4x32x16", "--repeats", 1,
-                  "--min-run-time", 0.01, "--json", tmp_path / "int8.json")
-    result = json.loads((tmp_path / "int8.json").read_text())
+def test_linear_engines_table(tmp_path):
+    proc = script("linear_engines.py", "--shapes", "8x16x32", "4x32x16", "--repeats", 1,
+                  "--min-run-time", 0.01, "--json", tmp_path / "linear.json")
+    result = json.loads((tmp_path / "linear.json").read_text())
     assert [(r["rows"], r["in"], r["out"]) for r in result["results"]] == [(8, 16, 32), (4, 32, 16)]
     for r in result["results"]:
         timed = {k: v for k, v in r.items() if k not in ("rows", "in", "out")}
-        assert "float32" in timed and len(timed) >= 2 and min(timed.values()) > 0  # and an int8 engine
+        # float32 on MKL and on oneDNN, and at least one int8 engine
+        assert {"float32", "float32 onednn"} < set(timed) and len(timed) >= 3
+        assert min(timed.values()) > 0
     assert set(result["settings"]["packing_engines"]) == {"layers", "output_projection"}
-    assert "output projection for" in proc.stdout
-    bad = script("int8_engines.py", "--shapes", "8x16", check=False)
+    assert "output projection for" in proc.stdout and "float32 onednn vs float32" in proc.stdout
+    bad = script("linear_engines.py", "--shapes", "8x16", check=False)
     assert bad.returncode == 2 and "ROWSxINxOUT" in bad.stderr
 
 

@@ -38,6 +38,7 @@ from torch import Tensor, nn
 from .. import kernels
 from ..models import decoding_engine
 from ..modules import lineage_decoding, sentence_groups
+from .packed_linear import PackedWeights, packed_linears
 
 
 class PluginBeamSearch(SequenceGenerator):
@@ -52,6 +53,7 @@ class PluginBeamSearch(SequenceGenerator):
                 or self.lm_model is not None:
             raise ValueError("PluginBeamSearch runs plain beam search with one model "
                              "(fallback_reason names what else needs fairseq's generator)")
+        self._packed_weights = PackedWeights()
 
     @torch.no_grad()
     def _generate(self, sample: Dict[str, Dict[str, Tensor]], prefix_tokens: Optional[Tensor] = None,
@@ -59,6 +61,12 @@ class PluginBeamSearch(SequenceGenerator):
         if constraints is not None:
             raise NotImplementedError("constraints need fairseq's generator")
         model = self.model.single_model
+        # on a CPU, the large float32 Linear layers on oneDNN's prepacked kernels
+        with packed_linears(model, self._packed_weights) as self._packed_layers:
+            return self._search(model, sample, prefix_tokens, bos_token)
+
+    def _search(self, model, sample: Dict[str, Dict[str, Tensor]], prefix_tokens: Optional[Tensor],
+                bos_token: Optional[int]):
         net_input = sample["net_input"]
         src_tokens = net_input["src_tokens"]
         if "src_lengths" in net_input:
@@ -225,17 +233,21 @@ class PluginBeamSearch(SequenceGenerator):
 
     def _step_logits(self, model, prefix, encoder_out, incremental_state) -> Tensor:
         """The decoder's logits for the last token of every hypothesis
-        (rows, vocab). On a CPU the output projection is one ``mm`` with the
-        transposed weight kept contiguous (15% faster than ``F.linear``)."""
+        (rows, vocab). On a CPU the output projection is one product over the
+        features: oneDNN's packed Linear (``packed_linear``), the int8 Linear,
+        or else an ``mm`` with the transposed weight kept contiguous (15%
+        faster than ``F.linear``)."""
         decoder = model.decoder
         projection = getattr(decoder, "output_projection", None)
-        int8 = isinstance(projection, torch.ao.nn.quantized.dynamic.Linear)
+        # --int8-decoding's int8 Linear, or oneDNN's packed one: on the features as one matrix
+        own_kernel = (isinstance(projection, torch.ao.nn.quantized.dynamic.Linear)
+                      or projection in self._packed_layers)
         if (prefix.is_cuda or getattr(decoder, "adaptive_softmax", None) is not None
-                or not (int8 or (isinstance(projection, nn.Linear) and projection.bias is None))):
+                or not (own_kernel or (isinstance(projection, nn.Linear) and projection.bias is None))):
             return decoder(prefix, encoder_out=encoder_out, incremental_state=incremental_state)[0][:, -1, :]
         features = decoder(prefix, encoder_out=encoder_out, incremental_state=incremental_state,
                            features_only=True)[0][:, -1, :]
-        if int8:  # --int8-decoding: PyTorch's int8 Linear, on the features as one matrix
+        if own_kernel:
             return projection(features.contiguous())
         weight = projection.weight
         key = (weight.data_ptr(), weight._version, weight.dtype)

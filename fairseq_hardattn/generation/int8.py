@@ -67,7 +67,7 @@ def packing_engines():
       (256 rows, 128 -> 10k) and 1.08x at Base (512 -> 10k).
     So every layer packs for oneDNN with AMX, and the output projection
     wherever oneDNN is there; the rest keeps the default
-    (``scripts/int8_engines.py`` measures a CPU)."""
+    (``scripts/linear_engines.py`` measures a CPU)."""
     default = torch.backends.quantized.engine
     onednn = "onednn" if "onednn" in torch.backends.quantized.supported_engines else default
     return (onednn if cpu_has_amx() else default), onednn

@@ -227,8 +227,9 @@ OUTPUTS = {
                             "(flexible_small_gate: a d/4 gate network)",
     "attention_step_costs_small": "the same at the small preset's dims (d = 128, 4 heads)",
     "op_costs_cpu": "per-operation costs of one decoding step (the hard-attention paper's Table 2)",
-    "int8_engines": "the int8 Linear packed for each quantized engine at a decoding step's shapes "
-                    "(scripts/int8_engines.py: why the output projection packs for oneDNN)",
+    "linear_engines": "the Linear layer on each CPU kernel (float32 on MKL and packed for oneDNN, int8 per "
+                      "quantized engine) at a decoding step's shapes (scripts/linear_engines.py: which "
+                      "layers the search packs for oneDNN)",
     "memory": "peak memory of training and decoding",
     "speed_vs_length": "decoding speed against source length",
     "bleu_vs_cps": "flexible attention: BLEU against score computations per step over τ",

@@ -1,16 +1,19 @@
 #!/usr/bin/env python
-"""PyTorch's dynamic int8 Linear packed for each quantized engine (its default,
-x86 / fbgemm, and oneDNN), beside float32, at the shapes of a decoding step:
-the evidence behind `generation/int8.py`'s choice of engines
-(`packing_engines`) on this CPU.
+"""The Linear layer on each of PyTorch's CPU kernels at the shapes of a
+decoding step: float32 as ``nn.Linear`` runs it (MKL) and packed for oneDNN
+(``generation/packed_linear.py``), and the dynamic int8 Linear packed for
+each quantized engine (its default, x86 / fbgemm, and oneDNN): the evidence
+behind which layers the search packs in float32 (``MIN_PACKED_WEIGHT``) and
+which engines int8 decoding packs for (``generation/int8.py``,
+``packing_engines``) on this CPU.
 
 Shapes are rows x in -> out: hypotheses (batch x beam) by the layer's
 dimensions; the defaults are the small preset's (256 rows; d = 128, FFN 256,
 a 10k vocabulary) and Transformer Base's (128 rows; d = 512, FFN 2048).
 Timed with torch.utils.benchmark (median of interleaved measurements), one
-thread by default, with glibc's heap thresholds as int8 decoding sets them.
+thread by default, with glibc's heap thresholds as the search sets them.
 
-Example: OMP_NUM_THREADS=1 scripts/int8_engines.py --json results/int8_engines.json
+Example: OMP_NUM_THREADS=1 scripts/linear_engines.py --json results/linear_engines.json
 """
 
 import argparse
@@ -24,6 +27,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils import benchmark  # noqa: E402
 
+from fairseq_hardattn.generation import packed_linear  # noqa: E402
 from fairseq_hardattn.generation.int8 import keep_large_blocks_in_the_heap, pack_int8, packing_engines  # noqa: E402
 from fairseq_hardattn.tools.fixtures import device_name  # noqa: E402
 from fairseq_hardattn.tools.reporting import write_outputs  # noqa: E402
@@ -32,13 +36,19 @@ DEFAULT_SHAPES = ("256x128x128", "256x128x256", "256x256x128", "256x128x10000",
                   "128x512x512", "128x512x2048", "128x2048x512", "128x512x10000")
 
 
+FLOAT32, FLOAT32_ONEDNN = "float32", "float32 onednn"
+
+
 @torch.no_grad()
 def costs(rows: int, features_in: int, features_out: int, engines, repeats: int, min_run_time: float):
     """Microseconds per call (median of ``repeats`` interleaved measurements) per variant."""
     layer = nn.Linear(features_in, features_out)
     x = torch.randn(rows, features_in)
-    variants = {"float32": nn.Sequential(layer),
+    packed_weights = packed_linear.PackedWeights()
+    variants = {FLOAT32: nn.Sequential(layer),
                 **{e: pack_int8(nn.Sequential(layer), {nn.Linear}, e) for e in engines}}
+    if packed_linear.onednn_linear_available():
+        variants[FLOAT32_ONEDNN] = lambda x: packed_weights.forward(layer, x)
     times = {name: [] for name in variants}
     for _ in range(repeats):
         for name, module in variants.items():
@@ -69,24 +79,29 @@ def main(argv=None):
                            and e != default]
     results = []
     for rows, features_in, features_out in shapes:
-        print(f"[int8_engines] {rows} rows, {features_in} -> {features_out}", file=sys.stderr, flush=True)
+        print(f"[linear_engines] {rows} rows, {features_in} -> {features_out}", file=sys.stderr, flush=True)
         results.append({"rows": rows, "in": features_in, "out": features_out,
                         **costs(rows, features_in, features_out, engines, args.repeats,
                                 args.min_run_time)})
-    header = (f"| rows x in -> out | float32 | {' | '.join(engines)} | "
-              + " | ".join(f"{e} vs {default}" for e in engines[1:]) + " |")
-    lines = [header, "|" + "---|" * (2 + 2 * len(engines) - 1)]
+    float32 = [v for v in (FLOAT32, FLOAT32_ONEDNN) if v in results[0]]
+    columns = float32 + engines
+    ratios = [(v, FLOAT32) for v in float32[1:]] + [(e, default) for e in engines[1:]]
+    label = {c: c if c in float32 else f"int8 {c}" for c in columns}
+    lines = ["| rows x in -> out | " + " | ".join(label[c] for c in columns) + " | "
+             + " | ".join(f"{label[a]} vs {label[b]}" for a, b in ratios) + " |",
+             "|" + "---|" * (1 + len(columns) + len(ratios))]
     for r in results:
-        cells = [f"{r['rows']} x {r['in']} -> {r['out']}", f"{r['float32']:.1f}"]
-        cells += [f"{r[e]:.1f}" for e in engines]
-        cells += [f"{r[default] / r[e]:.2f}x" for e in engines[1:]]
+        cells = [f"{r['rows']} x {r['in']} -> {r['out']}"] + [f"{r[c]:.1f}" for c in columns]
+        cells += [f"{r[b] / r[a]:.2f}x" for a, b in ratios]
         lines.append("| " + " | ".join(cells) + " |")
     layers, output_projection = packing_engines()
     cpu = device_name("cpu")
     print(f"microseconds per call, median; {cpu}, {args.threads} thread(s); "
-          f"int8 decoding packs the layers for {layers}, the output projection for "
+          f"float32 packs weights of at least {packed_linear.MIN_PACKED_WEIGHT} elements for "
+          f"oneDNN; int8 decoding packs the layers for {layers}, the output projection for "
           f"{output_projection}\n")
     settings = dict(vars(args), torch=torch.__version__, device_name=cpu,
+                    min_packed_weight=packed_linear.MIN_PACKED_WEIGHT,
                     packing_engines={"layers": layers, "output_projection": output_projection})
     write_outputs({"settings": settings, "results": results}, "\n".join(lines), args.json, args.markdown)
     return 0

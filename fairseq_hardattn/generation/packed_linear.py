@@ -1,0 +1,83 @@
+"""float32 Linear layers on oneDNN's prepacked kernels while the plugin's
+search decodes on a CPU.
+
+PyTorch's ``nn.Linear`` multiplies with MKL's sgemm on a weight laid out as
+trained, after copying its bias into the output. oneDNN's Linear
+(``torch.ops.mkldnn._linear_pointwise``, what inductor's CPU freezing calls)
+multiplies with a weight reordered once into its kernel's blocked layout and
+adds the bias in the same pass. One thread, AMD EPYC (Zen 4), against
+``nn.Linear`` (``scripts/linear_engines.py`` measures a CPU): 1.20x and
+1.35x at the output projection to a 10k vocabulary (the small preset's 128
+and Base's 512 features), 1.11x-1.22x at Base's layers, 0.97x-1.04x at the
+small preset's 128 x 128 and 128 x 256. So weights of at least
+``MIN_PACKED_WEIGHT`` elements pack.
+
+Only inside the search (``packed_linears`` around a decoding call): the
+model is unchanged outside it, and fairseq's generator, training and every
+other forward keep ``nn.Linear``. The outputs equal ``nn.Linear``'s to
+float32 rounding (the sums run in the kernel's order)."""
+
+import contextlib
+from typing import Dict, Set
+
+import torch
+from torch import nn
+
+from .int8 import keep_large_blocks_in_the_heap
+
+# a weight packs from 256 x 256 elements: below it (the small preset's layers)
+# oneDNN's call costs what its kernel saves
+MIN_PACKED_WEIGHT = 256 * 256
+
+
+def onednn_linear_available() -> bool:
+    """Whether this PyTorch build has oneDNN's prepacked float32 Linear."""
+    ops = torch.ops.mkldnn
+    return (torch.backends.mkldnn.is_available() and hasattr(ops, "_reorder_linear_weight")
+            and hasattr(ops, "_linear_pointwise"))
+
+
+def packable(layer: nn.Module) -> bool:
+    """A plain float32 Linear on the CPU, large enough to gain from packing."""
+    return (type(layer) is nn.Linear and layer.weight.device.type == "cpu"
+            and layer.weight.dtype == torch.float32 and layer.weight.numel() >= MIN_PACKED_WEIGHT
+            and "forward" not in vars(layer))
+
+
+class PackedWeights:
+    """Each layer's weight in oneDNN's layout, packed on first use and again
+    whenever the weight changes (a new tensor or an in-place update)."""
+
+    def __init__(self):
+        self._packed: Dict[int, tuple] = {}
+
+    def forward(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        weight = layer.weight
+        key = (weight.data_ptr(), weight._version)
+        entry = self._packed.get(id(layer))
+        if entry is None or entry[1] != key:  # the layer is kept with its entry: its id stays its own
+            entry = self._packed[id(layer)] = (
+                layer, key, torch.ops.mkldnn._reorder_linear_weight(weight.detach()))
+        bias = None if layer.bias is None else layer.bias.detach()
+        return torch.ops.mkldnn._linear_pointwise(x, entry[2], bias, "none", [], "")
+
+
+@contextlib.contextmanager
+def packed_linears(model: nn.Module, weights: PackedWeights):
+    """Within the block, ``model``'s packable Linear layers run on oneDNN's
+    prepacked kernel (``weights`` keeps the packed copies); yields the set of
+    those layers (empty without oneDNN). Restored on leaving."""
+    layers: Set[nn.Module] = set()
+    if onednn_linear_available():
+        layers = {m for m in model.modules() if packable(m)}
+    if layers:
+        # each step's outputs are fresh tensors (the output projection's 10 MB
+        # at the small preset): keep such blocks in the heap, not re-faulted
+        keep_large_blocks_in_the_heap()
+    for layer in layers:
+        layer.forward = (lambda x, layer=layer: weights.forward(layer, x))
+    try:
+        yield layers
+    finally:
+        for layer in layers:
+            del layer.forward

@@ -1,0 +1,53 @@
+"""float32 Linear layers on oneDNN's prepacked kernels within the search:
+the outputs of nn.Linear, a changed weight seen at once, and every layer
+restored on leaving, even when the block fails. (The search over every
+architecture: tests/test_beam_search.py.)"""
+
+import pytest
+import torch
+from torch import nn
+
+from fairseq_hardattn.generation.packed_linear import (MIN_PACKED_WEIGHT, PackedWeights,
+                                                        onednn_linear_available, packed_linears)
+
+pytestmark = pytest.mark.skipif(not onednn_linear_available(), reason="PyTorch without oneDNN")
+
+
+def model_of_three_layers():
+    torch.manual_seed(0)
+    side = int(MIN_PACKED_WEIGHT ** 0.5)
+    return nn.ModuleDict({
+        "large": nn.Linear(side, side),  # packs
+        "large_without_bias": nn.Linear(side, side, bias=False),  # packs
+        "small": nn.Linear(side // 2, side // 2),  # below the size that gains: stays
+    })
+
+
+@torch.no_grad()
+def test_packed_layers_give_nn_linears_outputs_and_see_a_changed_weight():
+    model = model_of_three_layers()
+    x = torch.randn(3, 7, model["large"].in_features)
+    expected = {name: layer(x[..., :layer.in_features]) for name, layer in model.items()}
+    with packed_linears(model, PackedWeights()) as packed:
+        assert packed == {model["large"], model["large_without_bias"]}
+        for name, layer in model.items():
+            torch.testing.assert_close(layer(x[..., :layer.in_features]), expected[name])
+        large = model["large"]
+        large.weight.mul_(2)  # in place: the packed copy is stale
+        large.bias.zero_()
+        torch.testing.assert_close(large(x), torch.nn.functional.linear(x, large.weight, large.bias))
+
+
+@torch.no_grad()
+def test_layers_are_restored_when_the_block_fails():
+    model = model_of_three_layers()
+    with pytest.raises(RuntimeError, match="inside"):
+        with packed_linears(model, PackedWeights()):
+            raise RuntimeError("inside")
+    assert not any("forward" in vars(layer) for layer in model.values())
+
+
+def test_float64_layers_stay_nn_linear():
+    model = model_of_three_layers().double()
+    with packed_linears(model, PackedWeights()) as packed:
+        assert packed == set()
