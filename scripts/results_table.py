@@ -337,7 +337,8 @@ def headline_table(results, scores):
             + (f"{s.get('sentences')} random sources of {s.get('src_len')} tokens decoded to exactly "
                f"{s.get('fixed_output_len')} tokens, beam {s.get('beam')}, batch {s.get('batch_size')}, "
                f"{s.get('threads')} thread, the small preset's dims, random weights, median of "
-               f"{s.get('reps')} (results/{EXPERIMENTS.HEADLINE_SPEED.name}.md)" if s else "not measured yet")
+               f"{s.get('reps')}, {s.get('device_name', 'CPU')} "
+               f"(results/{EXPERIMENTS.HEADLINE_SPEED.name}.md)" if s else "not measured yet")
             + "; int8: `--int8-decoding`. GPU: NVIDIA H200, Transformer Base dims, batch 128, 100 tokens, "
             "fp16, the earlier engine (fairseq's generator around the captured step; the plugin's search "
             "on a GPU is unmeasured). Every row, the peers' included, is in "
