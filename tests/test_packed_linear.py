@@ -51,3 +51,14 @@ def test_float64_layers_stay_nn_linear():
     model = model_of_three_layers().double()
     with packed_linears(model, PackedWeights()) as packed:
         assert packed == set()
+
+
+def test_a_nested_block_leaves_the_outer_blocks_layers_packed():
+    """A search inside a search (or a second generator on the same model):
+    the inner block packs nothing and unpacks nothing."""
+    model = model_of_three_layers()
+    with packed_linears(model, PackedWeights()) as outer:
+        with packed_linears(model, PackedWeights()) as inner:
+            assert outer and inner == set()
+        assert all("forward" in vars(layer) for layer in outer)
+    assert not any("forward" in vars(layer) for layer in model.values())

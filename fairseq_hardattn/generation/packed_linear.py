@@ -80,4 +80,4 @@ def packed_linears(model: nn.Module, weights: PackedWeights):
         yield layers
     finally:
         for layer in layers:
-            del layer.forward
+            vars(layer).pop("forward", None)
