@@ -32,10 +32,9 @@ from fairseq_hardattn.generation.int8 import keep_large_blocks_in_the_heap, pack
 from fairseq_hardattn.tools.fixtures import device_name  # noqa: E402
 from fairseq_hardattn.tools.reporting import write_outputs  # noqa: E402
 
-DEFAULT_SHAPES = ("256x128x128", "256x128x256", "256x256x128", "256x128x10000",
+# the small preset's shapes, the smallest weight that packs (256 x 256), Base's
+DEFAULT_SHAPES = ("256x128x128", "256x128x256", "256x256x128", "256x128x10000", "128x256x256",
                   "128x512x512", "128x512x2048", "128x2048x512", "128x512x10000")
-
-
 FLOAT32, FLOAT32_ONEDNN = "float32", "float32 onednn"
 
 
