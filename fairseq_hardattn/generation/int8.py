@@ -30,8 +30,9 @@ def check_int8_decoding(model, cfg=None):
 
 def keep_large_blocks_in_the_heap():
     """glibc serves blocks over 128 KB-32 MB with fresh pages from the system
-    and returns them on free: an int8 Linear allocates its output on every
-    call (no ``out=``), and faulting the output projection's 10 MB back in on
+    and returns them on free: an int8 Linear, like oneDNN's packed float32
+    one (``packed_linear``), allocates its output on every call (no
+    ``out=``), and faulting the int8 output projection's 10 MB back in on
     every step cost more than its int8 product saved (76 against 90
     sentences/s, small preset). Raise both thresholds to glibc's maximum,
     once per process; elsewhere (not glibc) nothing changes."""
@@ -62,9 +63,9 @@ def packing_engines():
     default (x86 / fbgemm), one thread, measured per shape:
     - with AMX int8 tiles (Xeon): 1.5x-3.0x at every Transformer Base shape
       (128 rows), the output projection to a 10k vocabulary 3.0x;
-    - without AMX (AMD EPYC, Zen 4, AVX512-VNNI): 0.88x-1.00x at the layers'
-      shapes, but the output projection 1.61x at the small preset's dims
-      (256 rows, 128 -> 10k) and 1.08x at Base (512 -> 10k).
+    - without AMX (AMD EPYC, Zen 4, AVX512-VNNI; two runs): 0.87x-1.00x at
+      the layers' shapes, but the output projection 1.56x-1.61x at the small
+      preset's dims (256 rows, 128 -> 10k) and 1.08x-1.12x at Base (512 -> 10k).
     So every layer packs for oneDNN with AMX, and the output projection
     wherever oneDNN is there; the rest keeps the default
     (``scripts/linear_engines.py`` measures a CPU)."""

@@ -7,10 +7,10 @@ trained, after copying its bias into the output. oneDNN's Linear
 multiplies with a weight reordered once into its kernel's blocked layout and
 adds the bias in the same pass. One thread, AMD EPYC (Zen 4), against
 ``nn.Linear`` (``scripts/linear_engines.py`` measures a CPU): 1.20x and
-1.35x at the output projection to a 10k vocabulary (the small preset's 128
-and Base's 512 features), 1.11x-1.22x at Base's layers, 0.97x-1.04x at the
-small preset's 128 x 128 and 128 x 256. So weights of at least
-``MIN_PACKED_WEIGHT`` elements pack.
+1.38x at the output projection to a 10k vocabulary (the small preset's 128
+and Base's 512 features), 1.07x-1.20x at Base's layers, 0.93x-1.05x at the
+small preset's 128 x 128 and 128 x 256, 1.03x at 256 x 256. So weights of at
+least ``MIN_PACKED_WEIGHT`` elements pack.
 
 Only inside the search (``packed_linears`` around a decoding call): the
 model is unchanged outside it, and fairseq's generator, training and every
