@@ -43,13 +43,12 @@ def costs(rows: int, features_in: int, features_out: int, engines, repeats: int,
     """Microseconds per call (median of ``repeats`` interleaved measurements) per variant."""
     layer = nn.Linear(features_in, features_out)
     x = torch.randn(rows, features_in)
-    packed_weights = packed_linear.PackedWeights()
     # the two float32 kernels called alike (a module call would cost one of them
     # a few microseconds the other is spared); the int8 ones as modules, alike
     variants = {FLOAT32: lambda x: nn.functional.linear(x, layer.weight, layer.bias),
                 **{e: pack_int8(nn.Sequential(layer), {nn.Linear}, e) for e in engines}}
     if packed_linear.onednn_linear_available():
-        variants[FLOAT32_ONEDNN] = lambda x: packed_weights.forward(layer, x)
+        variants[FLOAT32_ONEDNN] = packed_linear.packed_forward(layer)
     times = {name: [] for name in variants}
     for _ in range(repeats):
         for name, module in variants.items():

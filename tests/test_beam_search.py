@@ -86,6 +86,31 @@ def test_every_architecture_decodes_fairseqs_hypotheses_with_onednn_linears(arch
                                       beam_size=4, max_len_b=12)[0])
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["mm output projection", "onednn linears"])
+def test_a_generator_sees_weights_updated_through_data_between_calls(packed, monkeypatch):
+    """--eval-bleu's generator lives through training, and fairseq's
+    optimizer updates weights through .data (their version unchanged): each
+    call decodes the weights as they are then, as a new generator does."""
+    if packed:
+        if not packed_linear.onednn_linear_available():
+            pytest.skip("PyTorch without oneDNN")
+        monkeypatch.setattr(packed_linear, "MIN_PACKED_WEIGHT", 1)
+    d = make_dictionary(40)
+    model = decisive_model("transformer_soft_small", d).float()
+    sample = sample_of(d)
+    generator = PluginBeamSearch([model], d, beam_size=4, max_len_b=12)
+    with torch.no_grad():
+        before = generator.generate([model], sample)
+        torch.manual_seed(3)
+        for parameter in model.parameters():  # an optimizer step, as fairseq's Adam makes it
+            parameter.data.add_(torch.randn_like(parameter), alpha=0.5)
+        after = generator.generate([model], sample)
+        fresh = PluginBeamSearch([model], d, beam_size=4, max_len_b=12).generate([model], sample)
+    assert [h["tokens"].tolist() for hyps in before for h in hyps] != \
+        [h["tokens"].tolist() for hyps in fresh for h in hyps]  # the update changes the decoding
+    assert_same_hypotheses(after, fresh)
+
+
 OPTIONS = {
     "beam 1": dict(beam_size=1, max_len_b=10),
     "beam 5, nbest": dict(beam_size=5, max_len_b=10),

@@ -1,14 +1,15 @@
 """float32 Linear layers on oneDNN's prepacked kernels within the search:
-the outputs of nn.Linear, a changed weight seen at once, and every layer
-restored on leaving, even when the block fails. (The search over every
+the outputs of nn.Linear, a weight changed since the last block seen (even
+through .data, as fairseq's optimizer changes it), and every layer restored
+on leaving, even when the block fails. (The search over every
 architecture: tests/test_beam_search.py.)"""
 
 import pytest
 import torch
 from torch import nn
 
-from fairseq_hardattn.generation.packed_linear import (MIN_PACKED_WEIGHT, PackedWeights,
-                                                        onednn_linear_available, packed_linears)
+from fairseq_hardattn.generation.packed_linear import (MIN_PACKED_WEIGHT, onednn_linear_available,
+                                                        packed_linears)
 
 pytestmark = pytest.mark.skipif(not onednn_linear_available(), reason="PyTorch without oneDNN")
 
@@ -24,17 +25,21 @@ def model_of_three_layers():
 
 
 @torch.no_grad()
-def test_packed_layers_give_nn_linears_outputs_and_see_a_changed_weight():
+def test_packed_layers_give_nn_linears_outputs_and_see_a_weight_changed_since_the_last_block():
     model = model_of_three_layers()
     x = torch.randn(3, 7, model["large"].in_features)
     expected = {name: layer(x[..., :layer.in_features]) for name, layer in model.items()}
-    with packed_linears(model, PackedWeights()) as packed:
+    with packed_linears(model) as packed:
         assert packed == {model["large"], model["large_without_bias"]}
         for name, layer in model.items():
             torch.testing.assert_close(layer(x[..., :layer.in_features]), expected[name])
-        large = model["large"]
-        large.weight.mul_(2)  # in place: the packed copy is stale
-        large.bias.zero_()
+    large = model["large"]
+    # as fairseq's optimizer updates: through .data, the weight's version unchanged
+    version = large.weight._version
+    large.weight.data.mul_(2)
+    large.bias.data.zero_()
+    assert large.weight._version == version
+    with packed_linears(model):
         torch.testing.assert_close(large(x), torch.nn.functional.linear(x, large.weight, large.bias))
 
 
@@ -42,14 +47,14 @@ def test_packed_layers_give_nn_linears_outputs_and_see_a_changed_weight():
 def test_layers_are_restored_when_the_block_fails():
     model = model_of_three_layers()
     with pytest.raises(RuntimeError, match="inside"):
-        with packed_linears(model, PackedWeights()):
+        with packed_linears(model):
             raise RuntimeError("inside")
     assert not any("forward" in vars(layer) for layer in model.values())
 
 
 def test_float64_layers_stay_nn_linear():
     model = model_of_three_layers().double()
-    with packed_linears(model, PackedWeights()) as packed:
+    with packed_linears(model) as packed:
         assert packed == set()
 
 
@@ -57,8 +62,8 @@ def test_a_nested_block_leaves_the_outer_blocks_layers_packed():
     """A search inside a search (or a second generator on the same model):
     the inner block packs nothing and unpacks nothing."""
     model = model_of_three_layers()
-    with packed_linears(model, PackedWeights()) as outer:
-        with packed_linears(model, PackedWeights()) as inner:
+    with packed_linears(model) as outer:
+        with packed_linears(model) as inner:
             assert outer and inner == set()
         assert all("forward" in vars(layer) for layer in outer)
     assert not any("forward" in vars(layer) for layer in model.values())

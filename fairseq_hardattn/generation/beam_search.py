@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from .. import kernels
 from ..models import decoding_engine
 from ..modules import lineage_decoding, sentence_groups
-from .packed_linear import PackedWeights, packed_linears
+from .packed_linear import packed_linears
 
 
 class PluginBeamSearch(SequenceGenerator):
@@ -53,7 +53,6 @@ class PluginBeamSearch(SequenceGenerator):
                 or self.lm_model is not None:
             raise ValueError("PluginBeamSearch runs plain beam search with one model "
                              "(fallback_reason names what else needs fairseq's generator)")
-        self._packed_weights = PackedWeights()
 
     @torch.no_grad()
     def _generate(self, sample: Dict[str, Dict[str, Tensor]], prefix_tokens: Optional[Tensor] = None,
@@ -61,8 +60,12 @@ class PluginBeamSearch(SequenceGenerator):
         if constraints is not None:
             raise NotImplementedError("constraints need fairseq's generator")
         model = self.model.single_model
+        # copies of weights are made per call, never kept from an earlier one:
+        # fairseq's optimizer updates weights through .data, which leaves their
+        # version as it was (--eval-bleu's generator lives through training)
+        self._projection = None
         # on a CPU, the large float32 Linear layers on oneDNN's prepacked kernels
-        with packed_linears(model, self._packed_weights) as self._packed_layers:
+        with packed_linears(model) as self._packed_layers:
             return self._search(model, sample, prefix_tokens, bos_token)
 
     def _search(self, model, sample: Dict[str, Dict[str, Tensor]], prefix_tokens: Optional[Tensor],
@@ -249,10 +252,8 @@ class PluginBeamSearch(SequenceGenerator):
                            features_only=True)[0][:, -1, :]
         if own_kernel:
             return projection(features.contiguous())
-        weight = projection.weight
-        key = (weight.data_ptr(), weight._version, weight.dtype)
-        if getattr(self, "_projection_key", None) != key:  # the model changed (or is new)
-            self._projection_key, self._projection = key, weight.detach().t().contiguous()
+        if self._projection is None:  # once per call (_generate)
+            self._projection = projection.weight.detach().t().contiguous()
         rows, vocab = features.size(0), self._projection.size(1)
         if getattr(self, "_logits", None) is None or self._logits.numel() < rows * vocab \
                 or self._logits.dtype != features.dtype:
