@@ -5,6 +5,7 @@ fairseq-interactive and the hub decode with it; unsupported options fall
 back to fairseq's generator with one log line."""
 
 import argparse
+import collections
 import logging
 import math
 
@@ -16,6 +17,8 @@ import fairseq_hardattn
 from fairseq_hardattn import kernels
 from fairseq_hardattn.generation import PluginBeamSearch, PluginBeamSearchWithAlignment, generator_class
 from fairseq_hardattn.generation import packed_linear
+from fairseq_hardattn.modules import (CrossSelfAttention, HardRetrievalAttention, SoftAttention,
+                                      TopKAttention, lineage_decoding)
 
 from conftest import build_model, decisive_model, make_dictionary, random_batch
 
@@ -58,10 +61,34 @@ def both(model, dictionary, sample, generator_cls=(PluginBeamSearch, SequenceGen
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_every_architecture_decodes_fairseqs_hypotheses(arch, dtype):
     """float32 on a CPU: self-attention reads caches never reordered, through
-    their ancestors (the lineage kernel); float64: the PyTorch ops."""
+    their ancestors, and cross-attention the encoder's in place (the step
+    kernel); float64: the PyTorch ops."""
     d = make_dictionary(40)
     model = decisive_model(arch, d, flexible_mean_source_length=6.0).to(dtype)
     assert_same_hypotheses(*both(model, d, sample_of(d), beam_size=4, max_len_b=12))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_attention_with_a_kernel_mode_attends_through_the_kernel_on_every_step(arch, monkeypatch):
+    """float32 on a CPU: each decoder attention module that has a kernel mode
+    (self-, cross- and cross+self attention of the soft, hard and top-k
+    kinds) steps through the step kernel, once per step, none through
+    PyTorch's ops; sentences finish early, so the batch shrinks on the way."""
+    calls = collections.Counter()
+    for name in ("attend_step", "attend_source_step"):
+        def spy(module, *args, _original=getattr(lineage_decoding, name), **kwargs):
+            calls[module] += 1
+            return _original(module, *args, **kwargs)
+        monkeypatch.setattr(lineage_decoding, name, spy)
+    d = make_dictionary(40)
+    model = decisive_model(arch, d, flexible_mean_source_length=6.0).float()
+    with torch.no_grad():
+        PluginBeamSearch([model], d, beam_size=4, max_len_b=12).generate([model], sample_of(d))
+    kinds = (SoftAttention, HardRetrievalAttention, TopKAttention, CrossSelfAttention)
+    with_mode = [m for m in model.decoder.modules() if isinstance(m, kinds)]
+    assert all(m.lineage_mode for m in with_mode)
+    assert set(calls) == set(with_mode)
+    assert len(set(calls.values())) <= 1  # every step, each of them
 
 
 @pytest.mark.skipif(not packed_linear.onednn_linear_available(), reason="PyTorch without oneDNN")
@@ -208,33 +235,52 @@ def test_the_candidates_kernel_is_logsumexp_and_topk(vocab, k):
     assert torch.equal(top, expected) and torch.equal(tokens, expected_tokens)
 
 
+@pytest.mark.parametrize("parts", ["lineage", "source", "both"])
 @pytest.mark.parametrize("mode", ["soft", "hard", "topk"])
-def test_the_lineage_kernel_attends_each_hypothesis_history(mode):
-    """lineage_attention.c against PyTorch: the keys and values of each
-    hypothesis's ancestors, gathered, then soft attention, hard retrieval's
-    argmax or top-3 attention."""
+def test_the_step_kernel_attends_the_encoder_and_each_hypothesis_history(mode, parts):
+    """step_attention.c against PyTorch: the keys and values of the
+    hypothesis's sentence (padding skipped; a time-major cache's strides) and
+    of its ancestors, gathered, then one soft attention, hard retrieval's
+    argmax or top-3 attention over both."""
     from fairseq_hardattn.modules.lineage_decoding import MODES
 
     g = torch.Generator().manual_seed(7)
-    capacity, rows0, heads, dim, rows, length = 9, 6, 2, 8, 5, 7
-    keys = torch.randn(capacity, rows0, heads, dim, generator=g)
-    values = torch.randn(capacity, rows0, heads, dim, generator=g)
-    ancestors = torch.randint(0, rows0, (rows, capacity), generator=g)
+    capacity, rows0, heads, dim, rows, length, group, src_len = 9, 6, 2, 8, 6, 7, 3, 5
     q = torch.randn(rows, heads, dim, generator=g)
-    out = torch.empty_like(q)
-    scale = dim ** -0.5
-    kernels.lineage_attention(q, keys, values, ancestors, rows, length, scale, MODES[mode], 3, out)
-    positions = torch.arange(length)
-    history_k = keys[positions, ancestors[:, :length]]  # (rows, length, heads, dim)
-    history_v = values[positions, ancestors[:, :length]]
+    gathered_k, gathered_v, visible, source, lineage = [], [], [], None, None
+    if parts != "lineage":
+        # as fairseq's projection lays them out: (src_len, sentences, heads, dim), viewed batch-major
+        src_k = torch.randn(src_len, rows // group, heads, dim, generator=g).permute(1, 2, 0, 3)
+        src_v = torch.randn(src_len, rows // group, heads, dim, generator=g).permute(1, 2, 0, 3)
+        padding = torch.zeros(rows // group, src_len, dtype=torch.bool)
+        padding[0, :2] = True
+        source = (src_k, src_v, padding, group)
+        sentence = torch.arange(rows) // group
+        gathered_k.append(src_k[sentence].transpose(1, 2))  # (rows, src_len, heads, dim)
+        gathered_v.append(src_v[sentence].transpose(1, 2))
+        visible.append(~padding[sentence])
+    if parts != "source":
+        keys = torch.randn(capacity, rows0, heads, dim, generator=g)
+        values = torch.randn(capacity, rows0, heads, dim, generator=g)
+        ancestors = torch.randint(0, rows0, (rows, capacity), generator=g)
+        lineage = (keys, values, ancestors, length)
+        positions = torch.arange(length)
+        gathered_k.append(keys[positions, ancestors[:, :length]])  # (rows, length, heads, dim)
+        gathered_v.append(values[positions, ancestors[:, :length]])
+        visible.append(torch.ones(rows, length, dtype=torch.bool))
+    history_k, history_v = torch.cat(gathered_k, 1), torch.cat(gathered_v, 1)
     scores = torch.einsum("rhd,rshd->rhs", q, history_k)
+    scores = scores.masked_fill(~torch.cat(visible, 1)[:, None, :], -math.inf)
+    scale = dim ** -0.5
     if mode == "hard":
-        weights = torch.nn.functional.one_hot(scores.argmax(-1), length).float()
+        weights = torch.nn.functional.one_hot(scores.argmax(-1), scores.size(-1)).float()
     elif mode == "topk":
         kept = scores.topk(3, dim=-1).indices
         weights = torch.zeros_like(scores).scatter(-1, kept, torch.softmax(scores.gather(-1, kept) * scale, -1))
     else:
         weights = torch.softmax(scores * scale, -1)
+    out = torch.empty_like(q)
+    kernels.step_attention(q, scale, MODES[mode], 3, out, source=source, lineage=lineage)
     torch.testing.assert_close(out, torch.einsum("rhs,rshd->rhd", weights, history_v), rtol=1e-5, atol=1e-5)
 
 

@@ -99,8 +99,7 @@ class PluginBeamSearch(SequenceGenerator):
         # the first step's hypotheses of a sentence are all the same: on a CPU it
         # decodes one per sentence, and the first reorder makes the beams
         one_per_sentence = (lineage is not None and beam > 1 and prefix_tokens is None
-                            and self.repeat_ngram_blocker is None
-                            and not getattr(model.decoder, "cross_self_attention", False))
+                            and self.repeat_ngram_blocker is None)
 
         # candidates per hypothesis, and per sentence as fairseq's (at step 0 from one hypothesis)
         candidates = min(2 * beam, vocab)

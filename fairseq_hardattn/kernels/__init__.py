@@ -2,8 +2,8 @@
 compiler and loaded with ctypes (no torch headers to compile, so a build
 takes well under a second; no build step at install time): flexible
 attention's band (``flexible_band.c``), the plugin's search's candidates
-(``beam_candidates.c``) and self-attention over lineage caches
-(``lineage_attention.c``).
+(``beam_candidates.c``) and attention steps over keys read in place: the
+encoder's, and lineage caches (``step_attention.c``).
 
 A build is cached under ``$FAIRSEQ_HARDATTN_KERNEL_DIR`` (default
 ``~/.cache/fairseq_hardattn/kernels``), keyed by the source, the compiler,
@@ -197,23 +197,50 @@ def beam_candidates(logits: Tensor, special_columns: Tensor, special_adds: Tenso
     return top_vals, top_idx, lse
 
 
-_LINEAGE_ATTENTION_ARGS = [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64, _i64, _f32,
-                           ctypes.c_int, _i64, _ptr]
+_STEP_ATTENTION_ARGS = [_ptr, _i64, _i64, _i64, _ptr, _ptr, _i64, _i64, _i64, _ptr, _i64, _i64,
+                        _ptr, _ptr, _ptr, _i64, _i64, _i64, _f32, ctypes.c_int, _i64, _ptr]
 
 
-def lineage_attention_function():
-    """The C function ``lineage_attention``, or None."""
-    return _function("lineage_attention", "lineage_attention", _LINEAGE_ATTENTION_ARGS, ctypes.c_int)
+def step_attention_function():
+    """The C function ``step_attention``, or None."""
+    return _function("step_attention", "step_attention", _STEP_ATTENTION_ARGS, ctypes.c_int)
 
 
-def lineage_attention(q: Tensor, keys: Tensor, values: Tensor, ancestors: Tensor, rows: int,
-                      length: int, scale: float, mode: int, k: int, out: Tensor):
-    """(see lineage_attention.c) q, out (rows, heads, dim) contiguous float32;
-    keys, values (capacity, rows0, heads, dim); ancestors (>= rows, >= length)
-    int64. Attends positions 0..length-1."""
-    _, rows0, heads, dim = keys.shape
-    status = lineage_attention_function()(
-        q.data_ptr(), keys.data_ptr(), values.data_ptr(), ancestors.data_ptr(), ancestors.stride(0),
-        rows, rows0, heads, dim, length, scale, mode, k, out.data_ptr())
+def step_attention(q: Tensor, scale: float, mode: int, k: int, out: Tensor,
+                   source: Optional[Tuple[Tensor, Tensor, Optional[Tensor], int]] = None,
+                   lineage: Optional[Tuple[Tensor, Tensor, Tensor, int]] = None):
+    """(see step_attention.c) q, out (rows, heads, dim) contiguous float32.
+    ``source``: (keys, values, padding, group): keys and values (sentences,
+    heads, src_len, dim) with the same strides, dim contiguous; padding
+    (sentences, src_len) bool or None; ``group`` hypotheses per sentence.
+    ``lineage``: (keys, values, ancestors, length): keys and values (capacity,
+    rows0, heads, dim) contiguous, ancestors (>= rows, >= length) int64;
+    positions 0..length-1 are attended. One of the two at least."""
+    rows, heads, dim = q.shape
+    src_keys = src_values = padding = None
+    src_len = group = 0
+    strides = (0, 0, 0)
+    if source is not None:
+        src_keys, src_values, padding, group = source
+        if src_keys.stride() != src_values.stride() or src_keys.stride(3) != 1:
+            src_keys, src_values = src_keys.contiguous(), src_values.contiguous()
+        src_len = src_keys.size(2)
+        strides = src_keys.stride()[:3]
+        if padding is not None:
+            padding = padding.contiguous()
+    keys = values = ancestors = None
+    anc_stride = rows0 = length = 0
+    if lineage is not None:
+        keys, values, ancestors, length = lineage
+        rows0, anc_stride = keys.size(1), ancestors.stride(0)
+    status = step_attention_function()(
+        q.data_ptr(), rows, heads, dim,
+        _address(src_keys), _address(src_values), *strides, _address(padding), src_len, group,
+        _address(keys), _address(values), _address(ancestors), anc_stride, rows0, length,
+        scale, mode, k, out.data_ptr())
     if status != 0:
-        raise ValueError("lineage_attention: at most 4096 positions and k <= 64")
+        raise ValueError("step_attention: at most 8192 positions and k <= 64")
+
+
+def _address(tensor: Optional[Tensor]) -> Optional[int]:
+    return None if tensor is None else tensor.data_ptr()

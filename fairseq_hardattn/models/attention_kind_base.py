@@ -195,7 +195,12 @@ class AttentionKindEncoder(TransformerEncoderBase):
 
     def reorder_encoder_out(self, encoder_out, new_order):
         """fairseq's reorder, plus how many hypotheses each sentence now has
-        (``sentence_groups``): decoding keeps encoder K/V once per sentence."""
+        (``sentence_groups``): decoding keeps encoder K/V once per sentence.
+        fairseq reorders the per-layer states in their list, in place: a copy
+        of the list leaves ``encoder_out`` as it was (the plugin's search
+        decodes its first step from it)."""
+        if encoder_out.get("encoder_states"):
+            encoder_out = dict(encoder_out, encoder_states=list(encoder_out["encoder_states"]))
         return sentence_groups.record_count(
             encoder_out, super().reorder_encoder_out(encoder_out, new_order), new_order)
 

@@ -92,8 +92,9 @@ class CachedProjectionAttention(MultiheadAttention):
     ) -> Tuple[Tensor, Optional[Tensor]]:
         """fairseq's ``MultiheadAttention.forward`` signature and semantics:
         project and cache (``project``), then the mechanism's ``attend``; a
-        decoding step of self-attention under the plugin's search on a CPU
-        reads caches that are never reordered (``lineage_decoding``)."""
+        decoding step under the plugin's search on a CPU reads self-attention
+        caches that are never reordered and the encoder's keys and values in
+        place (``lineage_decoding``)."""
         lineage = lineage_decoding.state(incremental_state)
         if (lineage is not None and self.self_attention and not self.training
                 and not before_softmax and lineage_decoding.usable(self, query)):
@@ -108,6 +109,13 @@ class CachedProjectionAttention(MultiheadAttention):
             self._set_input_buffer(incremental_state, saved_state)
             return self.merge_heads(out, 1, bsz), None
         projected = self.project(query, key, value, key_padding_mask, incremental_state, static_kv)
+        if (lineage is not None and self.encoder_decoder_attention and not self.training
+                and not before_softmax and attn_mask is None and query.size(0) == 1
+                and lineage_decoding.usable(self, query)):
+            # the search reads no step's weights (alignments come from a teacher-forced pass)
+            out = lineage_decoding.attend_source_step(self, projected.q, projected.k, projected.v,
+                                                      projected.key_padding_mask)
+            return self.merge_heads(out, 1, projected.bsz), None
         if before_softmax:  # fairseq's contract: the scaled, masked scores and the values
             return self.scores(projected, attn_mask), projected.v
         return self.attend(query, projected, incremental_state, attn_mask,

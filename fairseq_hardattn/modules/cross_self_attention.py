@@ -9,7 +9,9 @@ builds both masks). What fairseq's own version does not do, and this one does:
 in incremental decoding the encoder part of K/V is projected once per
 *sentence* (not per hypothesis) and kept apart from the decoder part, so beam
 search neither stores it ``beam`` times nor copies it on every reorder; only
-the decoder part grows and is reordered. The full-sequence forward (training)
+the decoder part grows and is reordered (under the plugin's search on a CPU
+not even that: it lives on the search's lineage caches, and one kernel call
+attends both parts, ``lineage_decoding``). The full-sequence forward (training)
 is one attention over the concatenation, as fairseq's.
 
 ``CrossSelfAttention`` is the soft kind, ``HardCrossSelfAttention`` the hard
@@ -32,13 +34,15 @@ from torch import Tensor
 from .cached_projection import CachedProjectionAttention, IncrementalState, one_copy_per_sentence
 from .gather import retrieve
 from .hard_retrieval_attention import HardRetrievalAttention
-from . import sentence_groups, static_decoding
+from . import lineage_decoding, sentence_groups, static_decoding
 
 _SOURCE_STATE = "cross_self_source"
 
 
 class CrossSelfAttention(CachedProjectionAttention):
     """Soft cross+self attention; constructed with ``self_attention=False``."""
+
+    lineage_mode = "soft"
 
     # set by the decoder layer for one call: None (no alignment), or whether
     # the alignment is wanted per head (True) or as the heads' mean (False)
@@ -74,6 +78,9 @@ class CrossSelfAttention(CachedProjectionAttention):
             target = key[src_len:]
         else:
             target_padding, target = key_padding_mask, key
+        lineage = lineage_decoding.state(incremental_state)
+        if lineage is not None and tgt_len == 1 and lineage_decoding.usable(self, query):
+            return self._lineage_step(query, lineage, source, incremental_state), None
         q, k, v, target_padding, *_ = self.project(
             query, target, target, target_padding, incremental_state, static_kv=False
         )
@@ -90,6 +97,22 @@ class CrossSelfAttention(CachedProjectionAttention):
         ], dim=-1)
         out = self.attend_parts(scores, source_v, v, source_kv_bsz, bsz)
         return self.merge_heads(out, tgt_len, bsz), None
+
+    def _lineage_step(self, query: Tensor, lineage, source: Dict[str, Tensor],
+                      incremental_state) -> Tensor:
+        """A step of the plugin's search on a CPU: the decoder part on the
+        search's lineage caches, attended with the encoder part in one kernel
+        call. The search's tokens are never padding, so the step has none."""
+        bsz, heads, head_dim = query.size(1), self.num_heads, self.head_dim
+        saved_state = self._get_input_buffer(incremental_state)
+        # fairseq's layer stops prepending the encoder states once "prev_key" is cached
+        saved_state["prev_key"] = None
+        out = lineage_decoding.attend_step(
+            self, lineage, saved_state, self.q_proj(query).view(bsz * heads, 1, head_dim),
+            self.k_proj(query), self.v_proj(query), bsz, source=source,
+            group=sentence_groups.hypotheses_per_sentence(incremental_state))
+        self._set_input_buffer(incremental_state, saved_state)
+        return self.merge_heads(out, 1, bsz)
 
     def full_forward(self, *args, **kwargs):
         """Soft: fairseq's own attention (and its fused training path)."""
@@ -151,6 +174,8 @@ class CrossSelfAttention(CachedProjectionAttention):
 
 class HardCrossSelfAttention(CrossSelfAttention, HardRetrievalAttention):
     """Hard retrieval over [encoder; decoder]: one key per head and query."""
+
+    lineage_mode = "hard"
 
     def full_forward(self, *args, **kwargs):
         return CachedProjectionAttention.forward(self, *args, **kwargs)

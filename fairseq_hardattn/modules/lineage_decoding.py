@@ -1,20 +1,27 @@
-"""Self-attention caches that beam search never reorders (the plugin's
-search on a CPU, ``generation/beam_search.py``).
+"""Attention steps of the plugin's search on a CPU
+(``generation/beam_search.py``), over keys and values read where they were
+written: one C kernel call per sublayer and step (``kernels/step_attention.c``).
 
-fairseq reorders every self-attention cache on every step (an
-``index_select`` of each layer's keys and values) and grows it by a
+Self-attention: fairseq reorders every self-attention cache on every step
+(an ``index_select`` of each layer's keys and values) and grows it by a
 concatenation: two copies of every cache per step, 30% of a step at
 Transformer Base dims. Here each step's keys and values are written once, in
 place, into time-major buffers (position, row, head, dim) sized for the
 longest output, and a table of ancestors (hypothesis, position) -> the row
 its prefix had at that position is what the search reorders: integers, one
-table for all layers. Attention reads each hypothesis's history through the
-table (``kernels/lineage_attention.c``: soft, hard retrieval or top-k).
+table for all layers.
+
+Cross-attention reads the encoder's keys and values cached once per
+sentence, in place (``attend_source_step``): fairseq's path, scores,
+softmax and weighted values as separate operators over beam-grouped
+tensors, cost a soft model's step more than the kernel's single pass.
+Cross+self attention is both at once: one softmax (or argmax) over the
+sentence's encoder part and the hypothesis's lineage.
 
 The search owns the state (``start``, ``set_step``, ``reorder``); an
 attention module opts in with ``lineage_mode`` (``soft``, ``hard``,
-``topk``) and reads it in ``attend_step``. Modules without one keep their
-own caches, reordered as fairseq does.
+``topk``). Modules without one keep their own caches, reordered as fairseq
+does.
 """
 
 from typing import Dict, Optional
@@ -63,13 +70,16 @@ def reorder(entry: Dict[str, Tensor], order: Tensor):
 def usable(module, q: Tensor) -> bool:
     """Whether ``module`` attends through the lineage kernel here."""
     return (getattr(module, "lineage_mode", None) is not None and q.device.type == "cpu"
-            and q.dtype == torch.float32 and kernels.lineage_attention_function() is not None)
+            and q.dtype == torch.float32 and kernels.step_attention_function() is not None)
 
 
 def attend_step(module, entry: Dict[str, Tensor], saved_state, q: Tensor, k: Tensor, v: Tensor,
-                bsz: int) -> Tensor:
+                bsz: int, source: Optional[Dict[str, Tensor]] = None, group: int = 1) -> Tensor:
     """One step of ``module``'s self-attention: q, k, v (bsz*heads, 1, head_dim)
     unscaled; this step's k and v are written into the module's buffers.
+    ``source``: cross+self attention's encoder part ("key", "value" (sentences,
+    heads, src_len, head_dim), "padding_mask"), ``group`` hypotheses per
+    sentence, attended with the lineage as one attention.
     Returns (bsz*heads, 1, head_dim)."""
     heads, head_dim = module.num_heads, module.head_dim
     length = entry["length"].size(1)
@@ -81,9 +91,26 @@ def attend_step(module, entry: Dict[str, Tensor], saved_state, q: Tensor, k: Ten
     values = saved_state["lineage_values"]
     keys[length - 1, :bsz] = k.view(bsz, heads, head_dim)
     values[length - 1, :bsz] = v.view(bsz, heads, head_dim)
-    ancestors = entry["ancestors"]
     out = q.new_empty(bsz, heads, head_dim)
-    kernels.lineage_attention(q.reshape(bsz, heads, head_dim).contiguous(), keys, values, ancestors,
-                              bsz, length, module.scaling, MODES[module.lineage_mode],
-                              getattr(module, "k", 0), out)
+    if source is not None:
+        source = (source["key"], source["value"], source.get("padding_mask"), group)
+    kernels.step_attention(q.reshape(bsz, heads, head_dim).contiguous(), module.scaling,
+                           MODES[module.lineage_mode], getattr(module, "k", 0), out, source=source,
+                           lineage=(keys, values, entry["ancestors"], length))
+    return out.view(bsz * heads, 1, head_dim)
+
+
+def attend_source_step(module, q: Tensor, keys: Tensor, values: Tensor,
+                       padding: Optional[Tensor]) -> Tensor:
+    """One step of ``module``'s cross-attention: q (bsz*heads, 1, head_dim)
+    unscaled; keys and values as cached (sentences*heads, src_len, head_dim),
+    hypotheses grouped by sentence; padding (sentences, src_len) or None.
+    Returns (bsz*heads, 1, head_dim)."""
+    heads, head_dim = module.num_heads, module.head_dim
+    bsz, sentences = q.size(0) // heads, keys.size(0) // heads
+    shape = (sentences, heads, keys.size(1), head_dim)
+    out = q.new_empty(bsz, heads, head_dim)
+    kernels.step_attention(q.reshape(bsz, heads, head_dim).contiguous(), module.scaling,
+                           MODES[module.lineage_mode], getattr(module, "k", 0), out,
+                           source=(keys.view(shape), values.view(shape), padding, bsz // sentences))
     return out.view(bsz * heads, 1, head_dim)
