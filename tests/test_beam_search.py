@@ -254,7 +254,7 @@ def test_the_step_kernel_attends_the_encoder_and_each_hypothesis_history(mode, p
         src_v = torch.randn(src_len, rows // group, heads, dim, generator=g).permute(1, 2, 0, 3)
         padding = torch.zeros(rows // group, src_len, dtype=torch.bool)
         padding[0, :2] = True
-        source = (src_k, src_v, padding, group)
+        source = (src_k, kernels.transposed_keys(src_k), src_v, padding, group)
         sentence = torch.arange(rows) // group
         gathered_k.append(src_k[sentence].transpose(1, 2))  # (rows, src_len, heads, dim)
         gathered_v.append(src_v[sentence].transpose(1, 2))

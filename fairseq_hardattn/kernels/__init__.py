@@ -197,7 +197,7 @@ def beam_candidates(logits: Tensor, special_columns: Tensor, special_adds: Tenso
     return top_vals, top_idx, lse
 
 
-_STEP_ATTENTION_ARGS = [_ptr, _i64, _i64, _i64, _ptr, _ptr, _i64, _i64, _i64, _ptr, _i64, _i64,
+_STEP_ATTENTION_ARGS = [_ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr, _i64, _i64, _i64, _ptr, _i64, _i64,
                         _ptr, _ptr, _ptr, _i64, _i64, _i64, _f32, ctypes.c_int, _i64, _ptr]
 
 
@@ -210,22 +210,22 @@ def step_attention(q: Tensor, scale: float, mode: int, k: int, out: Tensor,
                    source: Optional[Tuple[Tensor, Tensor, Optional[Tensor], int]] = None,
                    lineage: Optional[Tuple[Tensor, Tensor, Tensor, int]] = None):
     """(see step_attention.c) q, out (rows, heads, dim) contiguous float32.
-    ``source``: (keys, values, padding, group): keys and values (sentences,
-    heads, src_len, dim) with the same strides, dim contiguous; padding
-    (sentences, src_len) bool or None; ``group`` hypotheses per sentence.
-    ``lineage``: (keys, values, ancestors, length): keys and values (capacity,
-    rows0, heads, dim) contiguous, ancestors (>= rows, >= length) int64;
-    positions 0..length-1 are attended. One of the two at least."""
+    ``source``: (keys, keys_t, values, padding, group): keys and values
+    (sentences, heads, src_len, dim), dim contiguous; keys_t the keys as
+    ``transposed_keys`` lays them out; padding (sentences, src_len) bool or
+    None; ``group`` hypotheses per sentence. ``lineage``: (keys, values,
+    ancestors, length): keys and values (capacity, rows0, heads, dim)
+    contiguous, ancestors (>= rows, >= length) int64; positions
+    0..length-1 are attended. One of the two at least."""
     rows, heads, dim = q.shape
-    src_keys = src_values = padding = None
+    src_keys = keys_t = src_values = padding = None
     src_len = group = 0
     strides = (0, 0, 0)
     if source is not None:
-        src_keys, src_values, padding, group = source
+        src_keys, keys_t, src_values, padding, group = source
         if src_keys.stride() != src_values.stride() or src_keys.stride(3) != 1:
             src_keys, src_values = src_keys.contiguous(), src_values.contiguous()
-        src_len = src_keys.size(2)
-        strides = src_keys.stride()[:3]
+        src_len, strides = src_keys.size(2), src_keys.stride()[:3]
         if padding is not None:
             padding = padding.contiguous()
     keys = values = ancestors = None
@@ -235,11 +235,25 @@ def step_attention(q: Tensor, scale: float, mode: int, k: int, out: Tensor,
         rows0, anc_stride = keys.size(1), ancestors.stride(0)
     status = step_attention_function()(
         q.data_ptr(), rows, heads, dim,
-        _address(src_keys), _address(src_values), *strides, _address(padding), src_len, group,
+        _address(src_keys), _address(keys_t), _address(src_values), *strides, _address(padding), src_len, group,
         _address(keys), _address(values), _address(ancestors), anc_stride, rows0, length,
         scale, mode, k, out.data_ptr())
     if status != 0:
-        raise ValueError("step_attention: at most 8192 positions and k <= 64")
+        raise ValueError("step_attention: at most 16384 scores (heads x positions) and k <= 64")
+
+
+SOURCE_BLOCK = 16  # step_attention.c's BLOCK
+
+
+def transposed_keys(keys: Tensor) -> Tensor:
+    """Keys (sentences, heads, src_len, dim) as ``step_attention``'s source
+    part reads them for soft and top-k attention: (sentences, heads, dim,
+    src_len rounded up to SOURCE_BLOCK), contiguous, zeros beyond src_len."""
+    sentences, heads, src_len, dim = keys.shape
+    padded = -(-src_len // SOURCE_BLOCK) * SOURCE_BLOCK
+    out = keys.new_zeros(sentences, heads, dim, padded)
+    out[..., :src_len] = keys.transpose(2, 3)
+    return out
 
 
 def _address(tensor: Optional[Tensor]) -> Optional[int]:

@@ -4,30 +4,34 @@
  * both as one attention (cross+self).
  *
  * Source part: keys and values of each sentence (any strides for sentence,
- * head and position; the head's dims contiguous), the hypotheses of a
- * sentence consecutive rows (`group` each), padded positions skipped.
+ * head and position; a row's dims contiguous), and the keys transposed in
+ * blocks of 16 positions (soft and top-k take 16 scores at once as sums of
+ * vectors, with no reduction per position); the hypotheses of a sentence
+ * are consecutive rows (`group` each); padded positions are skipped.
  *
  * Lineage part: each step's keys and values stay where the hypothesis of
  * that step wrote them (time-major buffers: [position][row][head][dim]); a
  * table of ancestors says, for every hypothesis and earlier position, which
  * row its prefix's hypothesis had then. Beam search then moves integers (the
  * table's rows), not the caches: fairseq copies every cache twice per step
- * (the reorder and the concatenation).
+ * (the reorder and the concatenation). A position's heads are read together
+ * (one contiguous block): the reads are scattered over the buffers, and
+ * memory, not arithmetic, bounds this part.
  *
  * Per (hypothesis, head), over the source positions then the lineage ones:
  * soft attention (softmax of the scaled scores), hard retrieval (the value
  * of the first position with the largest unscaled score), or top-k (softmax
  * of the scaled k largest unscaled scores, ties: earlier position first). A
- * row with no position to attend to gets zeros. Rows and heads are
- * independent.
+ * row with no position to attend to gets zeros. Rows are independent.
  */
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "sorted_insert.h"
 
 enum { SOFT = 0, HARD = 1, TOPK = 2 };
-enum { MAX_POSITIONS = 8192, MAX_K = 64 };
+enum { MAX_SCORES = 16384, MAX_K = 64, BLOCK = 16 };
 
 static inline float dot(const float *a, const float *b, int64_t n) {
     float sum = 0.0f;
@@ -41,85 +45,153 @@ static inline void add_scaled(float *out, const float *v, float w, int64_t n) {
     for (int64_t d = 0; d < n; ++d) out[d] += w * v[d];
 }
 
+/* e^x for x <= 0 (0 below -87, -inf included), within a few ulp of expf:
+ * Cody-Waite reduction and Cephes's polynomial, in a form the compiler
+ * vectorises (expf is a scalar call without -ffast-math) */
+static inline float exp_nonpositive(float x) {
+    const float clamped = x < -87.0f ? -87.0f : x;
+    const float n = floorf(clamped * 1.44269504088896341f + 0.5f);
+    const float r = clamped - n * 0.693359375f + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    const float y = p * r * r + r + 1.0f;
+    const int32_t bits = ((int32_t)n + 127) << 23;
+    float power;
+    memcpy(&power, &bits, sizeof power);
+    return x < -87.0f ? 0.0f : y * power;
+}
+
 /* q, out: (rows, heads, dim).
  * Source (src_len > 0): src_keys, src_values with strides sentence_stride,
- * head_stride and src_position_stride in floats; src_padding (sentences, src_len)
- * bytes, nonzero where padded, or NULL; row r reads sentence r / group.
+ * head_stride and src_position_stride in floats (the same for both); the
+ * keys again as src_keys_t (sentences, heads, dim, src_len rounded up to
+ * BLOCK), contiguous, zeros beyond src_len; src_padding (sentences, src_len) bytes,
+ * nonzero where padded, or NULL; row r reads sentence r / group.
  * Lineage (length > 0): keys, values (capacity, rows0, heads, dim);
  * ancestors (rows, >= length) with row stride anc_stride.
  * Returns 0, or 1 where its scratch does not fit. */
 int step_attention(const float *q, int64_t rows, int64_t heads, int64_t dim,
-                   const float *src_keys, const float *src_values, int64_t sentence_stride,
+                   const float *src_keys, const float *src_keys_t, const float *src_values, int64_t sentence_stride,
                    int64_t head_stride, int64_t src_position_stride,
                    const uint8_t *src_padding, int64_t src_len, int64_t group,
                    const float *keys, const float *values, const int64_t *ancestors,
                    int64_t anc_stride, int64_t rows0, int64_t length,
                    float scale, int mode, int64_t k, float *out) {
     const int64_t positions = src_len + length;
-    if (positions > MAX_POSITIONS || positions < 1 || k > MAX_K) return 1;
-    float scores[positions];
+    if (positions < 1 || heads * positions > MAX_SCORES || k > MAX_K) return 1;
+    float scores[heads * positions]; /* [head][position]: scores, then weights */
     int64_t kept[MAX_K];
     float kept_scores[MAX_K];
-    const int64_t position_stride = rows0 * heads * dim;
+    const int64_t position_stride = rows0 * heads * dim, block = heads * dim;
+    const int64_t src_blocks = (src_len + BLOCK - 1) / BLOCK;
     for (int64_t r = 0; r < rows; ++r) {
+        const float *query = q + r * block;
+        float *o = out + r * block;
         const int64_t *anc = ancestors ? ancestors + r * anc_stride : 0;
         const int64_t sentence = src_len ? r / group : 0;
         const uint8_t *padding = src_padding ? src_padding + sentence * src_len : 0;
-        for (int64_t h = 0; h < heads; ++h) {
-            const float *query = q + (r * heads + h) * dim;
-            float *o = out + (r * heads + h) * dim;
-            for (int64_t d = 0; d < dim; ++d) o[d] = 0.0f;
-            const int64_t src_offset = src_len ? sentence * sentence_stride + h * head_stride : 0;
-/* position s of the joint sequence: source positions first, then lineage ones */
-#define ROW(source, lineage, s) ((s) < src_len                                          \
-        ? (source) + src_offset + (s) * src_position_stride                                   \
-        : (lineage) + ((s) - src_len) * position_stride + (anc[(s) - src_len] * heads + h) * dim)
-#define VISIBLE(s) (!((s) < src_len && padding && padding[s]))
-            int64_t n = 0;
-            if (mode == HARD) {
-                int64_t best = -1;
+        const float *sentence_keys = src_len ? src_keys + sentence * sentence_stride : 0;
+        const float *sentence_values = src_len ? src_values + sentence * sentence_stride : 0;
+        for (int64_t d = 0; d < block; ++d) o[d] = 0.0f;
+        if (mode == HARD) { /* per head, the first position with the largest score */
+            for (int64_t h = 0; h < heads; ++h) {
+                const float *head_query = query + h * dim;
+                const float *head_keys = sentence_keys + h * head_stride;
+                const float *chosen = 0;
                 float best_score = -INFINITY;
-                for (int64_t s = 0; s < positions; ++s) {
-                    if (!VISIBLE(s)) continue;
-                    float score = dot(query, ROW(src_keys, keys, s), dim);
-                    if (best < 0 || score > best_score) { best_score = score; best = s; }
-                }
-                if (best >= 0) add_scaled(o, ROW(src_values, values, best), 1.0f, dim);
-                continue;
-            }
-            if (mode == SOFT) {
-                for (int64_t s = 0; s < positions; ++s)
-                    if (VISIBLE(s)) {
-                        scores[s] = dot(query, ROW(src_keys, keys, s), dim) * scale;
-                        ++n;
-                    } else {
-                        scores[s] = -INFINITY;
+                for (int64_t s = 0; s < src_len; ++s) {
+                    if (padding && padding[s]) continue;
+                    const float *key = head_keys + s * src_position_stride;
+                    const float score = dot(head_query, key, dim);
+                    if (!chosen || score > best_score) {
+                        best_score = score;
+                        chosen = sentence_values + h * head_stride + s * src_position_stride;
                     }
-                if (n == 0) continue;
-                n = positions;
-            } else { /* TOPK: the k largest unscaled scores, descending, earlier first on ties */
+                }
+                for (int64_t t = 0; t < length; ++t) {
+                    const int64_t at = t * position_stride + anc[t] * block + h * dim;
+                    const float score = dot(head_query, keys + at, dim);
+                    if (!chosen || score > best_score) { best_score = score; chosen = values + at; }
+                }
+                if (chosen) add_scaled(o + h * dim, chosen, 1.0f, dim);
+            }
+            continue;
+        }
+        /* unscaled scores; padded source positions -inf. Soft and top-k read
+         * the transposed keys: 16 positions' scores as one vector, summed
+         * over dims, no reduction per position */
+        for (int64_t h = 0; h < heads && src_len; ++h) {
+            float *row = scores + h * positions;
+            const float *head_query = query + h * dim;
+            const float *keys_t = src_keys_t + (sentence * heads + h) * dim * src_blocks * BLOCK;
+            for (int64_t b = 0; b < src_blocks; ++b) {
+                float sums[BLOCK] = {0};
+                for (int64_t d = 0; d < dim; ++d) {
+                    const float qd = head_query[d];
+                    const float *column = keys_t + (d * src_blocks + b) * BLOCK;
+#pragma omp simd
+                    for (int64_t j = 0; j < BLOCK; ++j) sums[j] += qd * column[j];
+                }
+                const int64_t end = (b + 1) * BLOCK < src_len ? BLOCK : src_len - b * BLOCK;
+                for (int64_t j = 0; j < end; ++j) row[b * BLOCK + j] = sums[j];
+            }
+            if (padding)
+                for (int64_t s = 0; s < src_len; ++s)
+                    if (padding[s]) row[s] = -INFINITY;
+        }
+        for (int64_t t = 0; t < length; ++t) {
+            const float *at = keys + t * position_stride + anc[t] * block;
+            for (int64_t h = 0; h < heads; ++h)
+                scores[h * positions + src_len + t] = dot(query + h * dim, at + h * dim, dim);
+        }
+        /* per head: the weights over positions */
+        for (int64_t h = 0; h < heads; ++h) {
+            float *row = scores + h * positions;
+            int64_t n = 0;
+            if (mode == TOPK) { /* the k largest, descending, earlier first on ties */
                 int64_t want = k < positions ? k : positions;
                 for (int64_t s = 0; s < positions; ++s) {
-                    if (!VISIBLE(s)) continue;
-                    float score = dot(query, ROW(src_keys, keys, s), dim);
-                    if (n < want || score > kept_scores[want - 1])
-                        sorted_insert(kept_scores, kept, &n, want, score, s);
+                    if (s < src_len && padding && padding[s]) continue;
+                    if (n < want || row[s] > kept_scores[want - 1])
+                        sorted_insert(kept_scores, kept, &n, want, row[s], s);
                 }
-                for (int64_t j = 0; j < n; ++j) scores[j] = kept_scores[j] * scale;
+                for (int64_t s = 0; s < positions; ++s) row[s] = -INFINITY;
+                for (int64_t j = 0; j < n; ++j) row[kept[j]] = kept_scores[j];
             }
             float max = -INFINITY;
-            for (int64_t j = 0; j < n; ++j) max = scores[j] > max ? scores[j] : max;
+            for (int64_t s = 0; s < positions; ++s) max = row[s] > max ? row[s] : max;
+            if (max == -INFINITY) { /* nothing to attend to: zeros */
+                for (int64_t s = 0; s < positions; ++s) row[s] = 0.0f;
+                continue;
+            }
             float total = 0.0f;
-            for (int64_t j = 0; j < n; ++j) {
-                scores[j] = expf(scores[j] - max);
-                total += scores[j];
+#pragma omp simd reduction(+ : total)
+            for (int64_t s = 0; s < positions; ++s) {
+                row[s] = exp_nonpositive((row[s] - max) * scale);
+                total += row[s];
             }
-            for (int64_t j = 0; j < n; ++j) {
-                int64_t s = mode == SOFT ? j : kept[j];
-                if (scores[j] != 0.0f) add_scaled(o, ROW(src_values, values, s), scores[j] / total, dim);
+            const float inverse = 1.0f / total;
+#pragma omp simd
+            for (int64_t s = 0; s < positions; ++s) row[s] *= inverse;
+        }
+        /* the weighted values */
+        for (int64_t h = 0; h < heads && src_len; ++h) {
+            const float *row = scores + h * positions;
+            const float *head_values = sentence_values + h * head_stride;
+            for (int64_t s = 0; s < src_len; ++s) {
+                if (row[s] != 0.0f) add_scaled(o + h * dim, head_values + s * src_position_stride, row[s], dim);
             }
-#undef VISIBLE
-#undef ROW
+        }
+        for (int64_t t = 0; t < length; ++t) {
+            const float *at = values + t * position_stride + anc[t] * block;
+            for (int64_t h = 0; h < heads; ++h) {
+                const float w = scores[h * positions + src_len + t];
+                if (w != 0.0f) add_scaled(o + h * dim, at + h * dim, w, dim);
+            }
         }
     }
     return 0;

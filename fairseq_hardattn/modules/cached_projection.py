@@ -113,8 +113,9 @@ class CachedProjectionAttention(MultiheadAttention):
                 and not before_softmax and attn_mask is None and query.size(0) == 1
                 and lineage_decoding.usable(self, query)):
             # the search reads no step's weights (alignments come from a teacher-forced pass)
-            out = lineage_decoding.attend_source_step(self, projected.q, projected.k, projected.v,
-                                                      projected.key_padding_mask)
+            out = lineage_decoding.attend_source_step(
+                self, self._get_input_buffer(incremental_state), projected.q,
+                projected.key_padding_mask)
             return self.merge_heads(out, 1, projected.bsz), None
         if before_softmax:  # fairseq's contract: the scaled, masked scores and the values
             return self.scores(projected, attn_mask), projected.v

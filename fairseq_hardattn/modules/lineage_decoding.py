@@ -93,24 +93,35 @@ def attend_step(module, entry: Dict[str, Tensor], saved_state, q: Tensor, k: Ten
     values[length - 1, :bsz] = v.view(bsz, heads, head_dim)
     out = q.new_empty(bsz, heads, head_dim)
     if source is not None:
-        source = (source["key"], source["value"], source.get("padding_mask"), group)
+        source = _source_part(source, "key", "value", source.get("padding_mask"), group)
     kernels.step_attention(q.reshape(bsz, heads, head_dim).contiguous(), module.scaling,
                            MODES[module.lineage_mode], getattr(module, "k", 0), out, source=source,
                            lineage=(keys, values, entry["ancestors"], length))
     return out.view(bsz * heads, 1, head_dim)
 
 
-def attend_source_step(module, q: Tensor, keys: Tensor, values: Tensor,
+def attend_source_step(module, saved_state: Dict[str, Tensor], q: Tensor,
                        padding: Optional[Tensor]) -> Tensor:
-    """One step of ``module``'s cross-attention: q (bsz*heads, 1, head_dim)
-    unscaled; keys and values as cached (sentences*heads, src_len, head_dim),
-    hypotheses grouped by sentence; padding (sentences, src_len) or None.
-    Returns (bsz*heads, 1, head_dim)."""
+    """One step of ``module``'s cross-attention over the encoder K/V it cached
+    ("prev_key", "prev_value": (sentences, heads, src_len, head_dim)), the
+    hypotheses grouped by sentence: q (bsz*heads, 1, head_dim) unscaled;
+    padding (sentences, src_len) or None. Returns (bsz*heads, 1, head_dim)."""
     heads, head_dim = module.num_heads, module.head_dim
-    bsz, sentences = q.size(0) // heads, keys.size(0) // heads
-    shape = (sentences, heads, keys.size(1), head_dim)
+    bsz, sentences = q.size(0) // heads, saved_state["prev_key"].size(0)
     out = q.new_empty(bsz, heads, head_dim)
     kernels.step_attention(q.reshape(bsz, heads, head_dim).contiguous(), module.scaling,
                            MODES[module.lineage_mode], getattr(module, "k", 0), out,
-                           source=(keys.view(shape), values.view(shape), padding, bsz // sentences))
+                           source=_source_part(saved_state, "prev_key", "prev_value", padding,
+                                               bsz // sentences))
     return out.view(bsz * heads, 1, head_dim)
+
+
+def _source_part(state: Dict[str, Tensor], key: str, value: str, padding: Optional[Tensor],
+                 group: int):
+    """The kernel's source part of the encoder K/V cached in ``state``. The
+    keys' transposed copy is made on the first step and kept in ``state``
+    beside them, reordered with them when sentences leave the batch."""
+    transposed = key + "_transposed"
+    if transposed not in state:
+        state[transposed] = kernels.transposed_keys(state[key])
+    return state[key], state[transposed], state[value], padding, group
