@@ -17,8 +17,8 @@ import fairseq_hardattn
 from fairseq_hardattn import kernels
 from fairseq_hardattn.generation import PluginBeamSearch, PluginBeamSearchWithAlignment, generator_class
 from fairseq_hardattn.generation import packed_linear
-from fairseq_hardattn.modules import (CrossSelfAttention, HardRetrievalAttention, SoftAttention,
-                                      TopKAttention, lineage_decoding)
+from fairseq_hardattn.modules import (CrossSelfAttention, HardRetrievalAttention, LocalAttention,
+                                      SoftAttention, TopKAttention, lineage_decoding)
 
 from conftest import build_model, decisive_model, make_dictionary, random_batch
 
@@ -72,10 +72,11 @@ def test_every_architecture_decodes_fairseqs_hypotheses(arch, dtype):
 def test_every_attention_with_a_kernel_mode_attends_through_the_kernel_on_every_step(arch, monkeypatch):
     """float32 on a CPU: each decoder attention module that has a kernel mode
     (self-, cross- and cross+self attention of the soft, hard and top-k
-    kinds) steps through the step kernel, once per step, none through
-    PyTorch's ops; sentences finish early, so the batch shrinks on the way."""
+    kinds; local attention) steps through the step kernel, once per step,
+    none through PyTorch's ops; sentences finish early, so the batch shrinks
+    on the way."""
     calls = collections.Counter()
-    for name in ("attend_step", "attend_source_step"):
+    for name in ("attend_step", "attend_source_step", "attend_window_step"):
         def spy(module, *args, _original=getattr(lineage_decoding, name), **kwargs):
             calls[module] += 1
             return _original(module, *args, **kwargs)
@@ -84,7 +85,7 @@ def test_every_attention_with_a_kernel_mode_attends_through_the_kernel_on_every_
     model = decisive_model(arch, d, flexible_mean_source_length=6.0).float()
     with torch.no_grad():
         PluginBeamSearch([model], d, beam_size=4, max_len_b=12).generate([model], sample_of(d))
-    kinds = (SoftAttention, HardRetrievalAttention, TopKAttention, CrossSelfAttention)
+    kinds = (SoftAttention, HardRetrievalAttention, TopKAttention, CrossSelfAttention, LocalAttention)
     with_mode = [m for m in model.decoder.modules() if isinstance(m, kinds)]
     assert all(m.lineage_mode for m in with_mode)
     assert set(calls) == set(with_mode)
@@ -282,6 +283,31 @@ def test_the_step_kernel_attends_the_encoder_and_each_hypothesis_history(mode, p
     out = torch.empty_like(q)
     kernels.step_attention(q, scale, MODES[mode], 3, out, source=source, lineage=lineage)
     torch.testing.assert_close(out, torch.einsum("rhs,rshd->rhd", weights, history_v), rtol=1e-5, atol=1e-5)
+
+
+def test_the_step_kernels_local_window_is_local_attentions_step():
+    """step_attention.c's local mode against LocalAttention's PyTorch step:
+    the softmax over |s - c| <= D around each head's centre (left padding
+    skipped), weighted by the Gaussian."""
+    from fairseq_hardattn.modules import LocalAttention
+
+    g = torch.Generator().manual_seed(3)
+    heads, head_dim, kv_bsz, beam, src_len = 2, 8, 3, 4, 11
+    module = LocalAttention(heads * head_dim, heads, window=2, encoder_decoder_attention=True)
+    bsz = kv_bsz * beam
+    q = torch.randn(bsz * heads, 1, head_dim, generator=g)
+    k = torch.randn(kv_bsz * heads, src_len, head_dim, generator=g)
+    v = torch.randn(kv_bsz * heads, src_len, head_dim, generator=g)
+    padding = torch.zeros(kv_bsz, src_len, dtype=torch.bool)
+    padding[1, :3] = True
+    starts = torch.tensor([0.0, 3.0, 0.0]).repeat_interleave(beam * heads)
+    lengths = (~padding).sum(-1).float()
+    centres = starts + lengths.repeat_interleave(beam * heads) * torch.rand(bsz * heads, generator=g)
+    centres[:2] = torch.tensor([0.0, 2.5])  # the edges: the first position, a half-way centre
+    expected = module._window_step(q * module.scaling, k, v, padding, kv_bsz, bsz,
+                                   centres.unsqueeze(1), lengths)
+    out = lineage_decoding.attend_window_step(module, q, k, v, padding, centres, kv_bsz)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -198,7 +198,8 @@ def beam_candidates(logits: Tensor, special_columns: Tensor, special_adds: Tenso
 
 
 _STEP_ATTENTION_ARGS = [_ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr, _i64, _i64, _i64, _ptr, _i64, _i64,
-                        _ptr, _ptr, _ptr, _i64, _i64, _i64, _f32, ctypes.c_int, _i64, _ptr]
+                        _ptr, _ptr, _ptr, _i64, _i64, _i64, _f32, ctypes.c_int, _i64, _ptr, _f32,
+                        _f32, _ptr]
 
 
 def step_attention_function():
@@ -208,7 +209,8 @@ def step_attention_function():
 
 def step_attention(q: Tensor, scale: float, mode: int, k: int, out: Tensor,
                    source: Optional[Tuple[Tensor, Tensor, Optional[Tensor], int]] = None,
-                   lineage: Optional[Tuple[Tensor, Tensor, Tensor, int]] = None):
+                   lineage: Optional[Tuple[Tensor, Tensor, Tensor, int]] = None,
+                   local: Optional[Tuple[Tensor, float, float]] = None):
     """(see step_attention.c) q, out (rows, heads, dim) contiguous float32.
     ``source``: (keys, keys_t, values, padding, group): keys and values
     (sentences, heads, src_len, dim), dim contiguous; keys_t the keys as
@@ -216,7 +218,9 @@ def step_attention(q: Tensor, scale: float, mode: int, k: int, out: Tensor,
     None; ``group`` hypotheses per sentence. ``lineage``: (keys, values,
     ancestors, length): keys and values (capacity, rows0, heads, dim)
     contiguous, ancestors (>= rows, >= length) int64; positions
-    0..length-1 are attended. One of the two at least."""
+    0..length-1 are attended. One of the two at least. ``local`` (mode
+    LOCAL, source only): (centres (rows, heads) float32 contiguous, window,
+    gaussian)."""
     rows, heads, dim = q.shape
     src_keys = keys_t = src_values = padding = None
     src_len = group = 0
@@ -237,7 +241,8 @@ def step_attention(q: Tensor, scale: float, mode: int, k: int, out: Tensor,
         q.data_ptr(), rows, heads, dim,
         _address(src_keys), _address(keys_t), _address(src_values), *strides, _address(padding), src_len, group,
         _address(keys), _address(values), _address(ancestors), anc_stride, rows0, length,
-        scale, mode, k, out.data_ptr())
+        scale, mode, k, *((_address(local[0]), local[1], local[2]) if local else (None, 0.0, 1.0)),
+        out.data_ptr())
     if status != 0:
         raise ValueError("step_attention: at most 16384 scores (heads x positions) and k <= 64")
 

@@ -21,8 +21,11 @@
  * Per (hypothesis, head), over the source positions then the lineage ones:
  * soft attention (softmax of the scaled scores), hard retrieval (the value
  * of the first position with the largest unscaled score), or top-k (softmax
- * of the scaled k largest unscaled scores, ties: earlier position first). A
- * row with no position to attend to gets zeros. Rows are independent.
+ * of the scaled k largest unscaled scores, ties: earlier position first), or
+ * Luong's local-p attention (source only: the softmax of the scaled scores
+ * of the positions s with |s - c| <= window around the head's centre c,
+ * each weight then multiplied by exp(-(s - c)^2 / gaussian)). A row with no
+ * position to attend to gets zeros. Rows are independent.
  */
 #include <math.h>
 #include <stdint.h>
@@ -30,7 +33,7 @@
 
 #include "sorted_insert.h"
 
-enum { SOFT = 0, HARD = 1, TOPK = 2 };
+enum { SOFT = 0, HARD = 1, TOPK = 2, LOCAL = 3 };
 enum { MAX_SCORES = 16384, MAX_K = 64, BLOCK = 16 };
 
 static inline float dot(const float *a, const float *b, int64_t n) {
@@ -73,6 +76,7 @@ static inline float exp_nonpositive(float x) {
  * nonzero where padded, or NULL; row r reads sentence r / group.
  * Lineage (length > 0): keys, values (capacity, rows0, heads, dim);
  * ancestors (rows, >= length) with row stride anc_stride.
+ * LOCAL: centres (rows, heads), window and gaussian as above.
  * Returns 0, or 1 where its scratch does not fit. */
 int step_attention(const float *q, int64_t rows, int64_t heads, int64_t dim,
                    const float *src_keys, const float *src_keys_t, const float *src_values, int64_t sentence_stride,
@@ -80,7 +84,8 @@ int step_attention(const float *q, int64_t rows, int64_t heads, int64_t dim,
                    const uint8_t *src_padding, int64_t src_len, int64_t group,
                    const float *keys, const float *values, const int64_t *ancestors,
                    int64_t anc_stride, int64_t rows0, int64_t length,
-                   float scale, int mode, int64_t k, float *out) {
+                   float scale, int mode, int64_t k, const float *centres, float window,
+                   float gaussian, float *out) {
     const int64_t positions = src_len + length;
     if (positions < 1 || heads * positions > MAX_SCORES || k > MAX_K) return 1;
     float scores[heads * positions]; /* [head][position]: scores, then weights */
@@ -97,6 +102,39 @@ int step_attention(const float *q, int64_t rows, int64_t heads, int64_t dim,
         const float *sentence_keys = src_len ? src_keys + sentence * sentence_stride : 0;
         const float *sentence_values = src_len ? src_values + sentence * sentence_stride : 0;
         for (int64_t d = 0; d < block; ++d) o[d] = 0.0f;
+        if (mode == LOCAL) { /* per head, a window around its centre */
+            for (int64_t h = 0; h < heads; ++h) {
+                const float *head_query = query + h * dim;
+                const float *head_keys = sentence_keys + h * head_stride;
+                const float *head_values = sentence_values + h * head_stride;
+                const float centre = centres[r * heads + h];
+                float *row = scores + h * positions;
+                /* the window, a position wider each side: |s - c| <= window decides */
+                int64_t first = (int64_t)floorf(centre - window) - 1, last = (int64_t)ceilf(centre + window) + 1;
+                first = first < 0 ? 0 : first;
+                last = last > src_len - 1 ? src_len - 1 : last;
+                float max = -INFINITY;
+                for (int64_t s = first; s <= last; ++s) {
+                    row[s] = -INFINITY;
+                    if (fabsf((float)s - centre) > window || (padding && padding[s])) continue;
+                    row[s] = dot(head_query, head_keys + s * src_position_stride, dim) * scale;
+                    max = row[s] > max ? row[s] : max;
+                }
+                if (max == -INFINITY) continue;
+                float total = 0.0f;
+                for (int64_t s = first; s <= last; ++s) {
+                    row[s] = exp_nonpositive(row[s] - max);
+                    total += row[s];
+                }
+                for (int64_t s = first; s <= last; ++s) {
+                    if (row[s] == 0.0f) continue;
+                    const float distance = (float)s - centre;
+                    const float w = row[s] / total * exp_nonpositive(-(distance * distance) / gaussian);
+                    add_scaled(o + h * dim, head_values + s * src_position_stride, w, dim);
+                }
+            }
+            continue;
+        }
         if (mode == HARD) { /* per head, the first position with the largest score */
             for (int64_t h = 0; h < heads; ++h) {
                 const float *head_query = query + h * dim;

@@ -32,7 +32,10 @@ from torch import Tensor
 from .. import kernels
 
 _STATE = "fairseq_hardattn.lineage"
-MODES = {"soft": 0, "hard": 1, "topk": 2}
+MODES = {"soft": 0, "hard": 1, "topk": 2, "local": 3}
+# modes that attend every position (self-, cross- and cross+self attention);
+# "local" reads a window, and its module calls ``attend_window_step`` itself
+EVERY_POSITION = ("soft", "hard", "topk")
 
 
 def start(incremental_state, rows: int, capacity: int):
@@ -67,9 +70,9 @@ def reorder(entry: Dict[str, Tensor], order: Tensor):
     entry["ancestors"] = moved
 
 
-def usable(module, q: Tensor) -> bool:
-    """Whether ``module`` attends through the lineage kernel here."""
-    return (getattr(module, "lineage_mode", None) is not None and q.device.type == "cpu"
+def usable(module, q: Tensor, modes=EVERY_POSITION) -> bool:
+    """Whether ``module`` attends through the step kernel here."""
+    return (getattr(module, "lineage_mode", None) in modes and q.device.type == "cpu"
             and q.dtype == torch.float32 and kernels.step_attention_function() is not None)
 
 
@@ -125,3 +128,21 @@ def _source_part(state: Dict[str, Tensor], key: str, value: str, padding: Option
     if transposed not in state:
         state[transposed] = kernels.transposed_keys(state[key])
     return state[key], state[transposed], state[value], padding, group
+
+
+def attend_window_step(module, q: Tensor, k: Tensor, v: Tensor, padding: Optional[Tensor],
+                       centres: Tensor, kv_bsz: int) -> Tensor:
+    """One step of local attention (``module.window``, ``module.sigma``): q
+    (bsz*heads, 1, head_dim) unscaled; k, v (kv_bsz*heads, src_len, head_dim)
+    contiguous, hypotheses grouped by sentence; padding (kv_bsz, src_len) or
+    None; centres (bsz*heads,). Returns (bsz*heads, 1, head_dim)."""
+    heads, head_dim = module.num_heads, module.head_dim
+    bsz = q.size(0) // heads
+    shape = (kv_bsz, heads, k.size(1), head_dim)
+    out = q.new_empty(bsz, heads, head_dim)
+    kernels.step_attention(q.reshape(bsz, heads, head_dim).contiguous(), module.scaling,
+                           MODES["local"], 0, out,
+                           source=(k.view(shape), None, v.view(shape), padding, bsz // kv_bsz),
+                           local=(centres.float().contiguous(), float(module.window),
+                                  2 * module.sigma ** 2))
+    return out.view(bsz * heads, 1, head_dim)
