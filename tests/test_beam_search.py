@@ -285,6 +285,17 @@ def test_the_step_kernel_attends_the_encoder_and_each_hypothesis_history(mode, p
     torch.testing.assert_close(out, torch.einsum("rhs,rshd->rhd", weights, history_v), rtol=1e-5, atol=1e-5)
 
 
+def test_top_k_beyond_the_kernels_k_takes_pytorchs_ops():
+    """The step kernel keeps at most STEP_MAX_K best keys: a larger k attends
+    through PyTorch's ops instead of failing mid-decoding."""
+    from fairseq_hardattn.modules import TopKAttention
+
+    q = torch.zeros(1, 2, 8)
+    for k, expected in ((kernels.STEP_MAX_K, True), (kernels.STEP_MAX_K + 1, False)):
+        module = TopKAttention(16, 2, k=k, self_attention=True)
+        assert lineage_decoding.usable(module, q) is expected
+
+
 def test_the_step_kernels_local_window_is_local_attentions_step():
     """step_attention.c's local mode against LocalAttention's PyTorch step:
     the softmax over |s - c| <= D around each head's centre (left padding

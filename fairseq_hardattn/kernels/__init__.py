@@ -243,11 +243,14 @@ def step_attention(q: Tensor, scale: float, mode: int, k: int, out: Tensor,
         _address(keys), _address(values), _address(ancestors), anc_stride, rows0, length,
         scale, mode, k, *((_address(local[0]), local[1], local[2]) if local else (None, 0.0, 1.0)),
         out.data_ptr())
+    if status == 2:
+        raise MemoryError("step_attention: could not allocate its scratch memory")
     if status != 0:
-        raise ValueError("step_attention: at most 16384 scores (heads x positions) and k <= 64")
+        raise ValueError(f"step_attention: k <= {STEP_MAX_K} and at least one position to attend")
 
 
 SOURCE_BLOCK = 16  # step_attention.c's BLOCK
+STEP_MAX_K = 64  # step_attention.c's MAX_K: top-k keeps its k best in a fixed array
 
 
 def transposed_keys(keys: Tensor) -> Tensor:

@@ -15,28 +15,11 @@
  */
 #include <math.h>
 #include <stdint.h>
-#include <string.h>
 
+#include "exp_poly.h"
 #include "sorted_insert.h"
 
 #define BLOCK 64
-
-/* 2^y for y <= 0, y >= -126 (clamped by the caller) */
-static inline float exp2_poly(float y) {
-    float n = floorf(y + 0.5f);
-    float f = y - n;
-    float p = 1.535336188e-4f;
-    p = p * f + 1.339887440e-3f;
-    p = p * f + 9.618437357e-3f;
-    p = p * f + 5.550332471e-2f;
-    p = p * f + 2.402264791e-1f;
-    p = p * f + 6.931472028e-1f;
-    p = p * f + 1.0f;
-    int32_t bits = ((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
-}
 
 static float sum_exp(const float *x, int64_t n, float max) {
     float sum = 0.0f;

@@ -29,12 +29,13 @@
  */
 #include <math.h>
 #include <stdint.h>
-#include <string.h>
+#include <stdlib.h>
 
+#include "exp_poly.h"
 #include "sorted_insert.h"
 
 enum { SOFT = 0, HARD = 1, TOPK = 2, LOCAL = 3 };
-enum { MAX_SCORES = 16384, MAX_K = 64, BLOCK = 16 };
+enum { MAX_K = 64, BLOCK = 16 };
 
 static inline float dot(const float *a, const float *b, int64_t n) {
     float sum = 0.0f;
@@ -48,26 +49,6 @@ static inline void add_scaled(float *out, const float *v, float w, int64_t n) {
     for (int64_t d = 0; d < n; ++d) out[d] += w * v[d];
 }
 
-/* e^x for x <= 0 (0 below -87, -inf included), within a few ulp of expf:
- * Cody-Waite reduction and Cephes's polynomial, in a form the compiler
- * vectorises (expf is a scalar call without -ffast-math) */
-static inline float exp_nonpositive(float x) {
-    const float clamped = x < -87.0f ? -87.0f : x;
-    const float n = floorf(clamped * 1.44269504088896341f + 0.5f);
-    const float r = clamped - n * 0.693359375f + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    const float y = p * r * r + r + 1.0f;
-    const int32_t bits = ((int32_t)n + 127) << 23;
-    float power;
-    memcpy(&power, &bits, sizeof power);
-    return x < -87.0f ? 0.0f : y * power;
-}
-
 /* q, out: (rows, heads, dim).
  * Source (src_len > 0): src_keys, src_values with strides sentence_stride,
  * head_stride and src_position_stride in floats (the same for both); the
@@ -77,7 +58,8 @@ static inline float exp_nonpositive(float x) {
  * Lineage (length > 0): keys, values (capacity, rows0, heads, dim);
  * ancestors (rows, >= length) with row stride anc_stride.
  * LOCAL: centres (rows, heads), window and gaussian as above.
- * Returns 0, or 1 where its scratch does not fit. */
+ * Returns 0; 1 where k > MAX_K or nothing is to be attended; 2 where its
+ * scratch could not be allocated. */
 int step_attention(const float *q, int64_t rows, int64_t heads, int64_t dim,
                    const float *src_keys, const float *src_keys_t, const float *src_values, int64_t sentence_stride,
                    int64_t head_stride, int64_t src_position_stride,
@@ -87,8 +69,9 @@ int step_attention(const float *q, int64_t rows, int64_t heads, int64_t dim,
                    float scale, int mode, int64_t k, const float *centres, float window,
                    float gaussian, float *out) {
     const int64_t positions = src_len + length;
-    if (positions < 1 || heads * positions > MAX_SCORES || k > MAX_K) return 1;
-    float scores[heads * positions]; /* [head][position]: scores, then weights */
+    if (positions < 1 || k > MAX_K) return 1;
+    float *scores = malloc(heads * positions * sizeof *scores); /* [head][position]: scores, then weights */
+    if (!scores) return 2;
     int64_t kept[MAX_K];
     float kept_scores[MAX_K];
     const int64_t position_stride = rows0 * heads * dim, block = heads * dim;
@@ -232,5 +215,6 @@ int step_attention(const float *q, int64_t rows, int64_t heads, int64_t dim,
             }
         }
     }
+    free(scores);
     return 0;
 }

@@ -73,7 +73,8 @@ def reorder(entry: Dict[str, Tensor], order: Tensor):
 def usable(module, q: Tensor, modes=EVERY_POSITION) -> bool:
     """Whether ``module`` attends through the step kernel here."""
     return (getattr(module, "lineage_mode", None) in modes and q.device.type == "cpu"
-            and q.dtype == torch.float32 and kernels.step_attention_function() is not None)
+            and q.dtype == torch.float32 and getattr(module, "k", 0) <= kernels.STEP_MAX_K
+            and kernels.step_attention_function() is not None)
 
 
 def attend_step(module, entry: Dict[str, Tensor], saved_state, q: Tensor, k: Tensor, v: Tensor,
