@@ -294,6 +294,14 @@ def test_top_k_beyond_the_kernels_k_takes_pytorchs_ops():
     for k, expected in ((kernels.STEP_MAX_K, True), (kernels.STEP_MAX_K + 1, False)):
         module = TopKAttention(16, 2, k=k, self_attention=True)
         assert lineage_decoding.usable(module, q) is expected
+    # the kernel's own limit is the one declared beside it in Python
+    keys = torch.randn(1, 1, 2, 8)
+    lineage = (keys, keys, torch.zeros(1, 1, dtype=torch.int64), 1)
+    kernels.step_attention(q, 1.0, lineage_decoding.MODES["topk"], kernels.STEP_MAX_K,
+                           torch.empty_like(q), lineage=lineage)
+    with pytest.raises(ValueError):
+        kernels.step_attention(q, 1.0, lineage_decoding.MODES["topk"], kernels.STEP_MAX_K + 1,
+                               torch.empty_like(q), lineage=lineage)
 
 
 def test_the_step_kernels_local_window_is_local_attentions_step():

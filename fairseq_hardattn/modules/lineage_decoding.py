@@ -18,10 +18,13 @@ tensors, cost a soft model's step more than the kernel's single pass.
 Cross+self attention is both at once: one softmax (or argmax) over the
 sentence's encoder part and the hypothesis's lineage.
 
+Local attention's step is the same kernel over a window around each
+head's centre (``attend_window_step``).
+
 The search owns the state (``start``, ``set_step``, ``reorder``); an
 attention module opts in with ``lineage_mode`` (``soft``, ``hard``,
-``topk``). Modules without one keep their own caches, reordered as fairseq
-does.
+``topk``, ``local``). Modules without one keep their own caches, reordered
+as fairseq does.
 """
 
 from typing import Dict, Optional
@@ -95,13 +98,10 @@ def attend_step(module, entry: Dict[str, Tensor], saved_state, q: Tensor, k: Ten
     values = saved_state["lineage_values"]
     keys[length - 1, :bsz] = k.view(bsz, heads, head_dim)
     values[length - 1, :bsz] = v.view(bsz, heads, head_dim)
-    out = q.new_empty(bsz, heads, head_dim)
     if source is not None:
         source = _source_part(source, "key", "value", source.get("padding_mask"), group)
-    kernels.step_attention(q.reshape(bsz, heads, head_dim).contiguous(), module.scaling,
-                           MODES[module.lineage_mode], getattr(module, "k", 0), out, source=source,
-                           lineage=(keys, values, entry["ancestors"], length))
-    return out.view(bsz * heads, 1, head_dim)
+    return _kernel_step(module, q, module.lineage_mode, source=source,
+                        lineage=(keys, values, entry["ancestors"], length))
 
 
 def attend_source_step(module, saved_state: Dict[str, Tensor], q: Tensor,
@@ -110,14 +110,9 @@ def attend_source_step(module, saved_state: Dict[str, Tensor], q: Tensor,
     ("prev_key", "prev_value": (sentences, heads, src_len, head_dim)), the
     hypotheses grouped by sentence: q (bsz*heads, 1, head_dim) unscaled;
     padding (sentences, src_len) or None. Returns (bsz*heads, 1, head_dim)."""
-    heads, head_dim = module.num_heads, module.head_dim
-    bsz, sentences = q.size(0) // heads, saved_state["prev_key"].size(0)
-    out = q.new_empty(bsz, heads, head_dim)
-    kernels.step_attention(q.reshape(bsz, heads, head_dim).contiguous(), module.scaling,
-                           MODES[module.lineage_mode], getattr(module, "k", 0), out,
-                           source=_source_part(saved_state, "prev_key", "prev_value", padding,
-                                               bsz // sentences))
-    return out.view(bsz * heads, 1, head_dim)
+    group = q.size(0) // module.num_heads // saved_state["prev_key"].size(0)  # per sentence
+    return _kernel_step(module, q, module.lineage_mode,
+                        source=_source_part(saved_state, "prev_key", "prev_value", padding, group))
 
 
 def _source_part(state: Dict[str, Tensor], key: str, value: str, padding: Optional[Tensor],
@@ -137,13 +132,20 @@ def attend_window_step(module, q: Tensor, k: Tensor, v: Tensor, padding: Optiona
     (bsz*heads, 1, head_dim) unscaled; k, v (kv_bsz*heads, src_len, head_dim)
     contiguous, hypotheses grouped by sentence; padding (kv_bsz, src_len) or
     None; centres (bsz*heads,). Returns (bsz*heads, 1, head_dim)."""
+    shape = (kv_bsz, module.num_heads, k.size(1), module.head_dim)
+    group = q.size(0) // module.num_heads // kv_bsz
+    return _kernel_step(module, q, "local",
+                        source=(k.view(shape), None, v.view(shape), padding, group),
+                        local=(centres.float().contiguous(), float(module.window),
+                               2 * module.sigma ** 2))
+
+
+def _kernel_step(module, q: Tensor, mode: str, **parts) -> Tensor:
+    """``kernels.step_attention`` for ``module``'s heads: q (bsz*heads, 1,
+    head_dim) unscaled; returns the output in the same shape."""
     heads, head_dim = module.num_heads, module.head_dim
     bsz = q.size(0) // heads
-    shape = (kv_bsz, heads, k.size(1), head_dim)
     out = q.new_empty(bsz, heads, head_dim)
     kernels.step_attention(q.reshape(bsz, heads, head_dim).contiguous(), module.scaling,
-                           MODES["local"], 0, out,
-                           source=(k.view(shape), None, v.view(shape), padding, bsz // kv_bsz),
-                           local=(centres.float().contiguous(), float(module.window),
-                                  2 * module.sigma ** 2))
+                           MODES[mode], getattr(module, "k", 0), out, **parts)
     return out.view(bsz * heads, 1, head_dim)
