@@ -44,6 +44,13 @@ Each piece names the fairseq behaviour it changes and is pinned by a test
   the last n-1 entries of the whole preallocated token buffer (padding) with
   the hypothesis, so it bans nothing and the option silently does nothing
   (fairseq issue 5206). We hand it the tokens generated so far.
+- Batches ahead: fairseq-generate, the hub and ``--eval-bleu`` iterate a
+  ``CountingIterator`` and hand the generator one batch at a time;
+  fairseq-interactive iterates its ``make_batches``. Both can now read
+  ahead on request and note the batch they yielded last in each thread, so
+  that the plugin's search decodes the next batches in worker processes
+  meanwhile (``generation.workers``). What they yield, and its order, is
+  unchanged.
 - Warnings about fairseq's own use of its libraries (Hydra's deprecated
   APIs, ``torch.cuda.amp.autocast``, ``pin_memory`` without a GPU, torch's
   note on the mask types fairseq's attention passes): two dozen lines on
@@ -445,6 +452,18 @@ def long_lines_skipped(make_batches):
     return batches
 
 
+def read_ahead(make_batches):
+    """fairseq-interactive's batches, able to read ahead (``workers``)."""
+
+    from .generation.workers import InteractiveBatches
+
+    @functools.wraps(make_batches)
+    def batches(*args, **kwargs):
+        return InteractiveBatches(make_batches(*args, **kwargs))
+
+    return batches
+
+
 def plugin_search_routed(build_generator):
     """Wrap ``FairseqTask.build_generator``, through which fairseq-generate,
     fairseq-interactive, ``--eval-bleu`` and the hub get their generator:
@@ -555,4 +574,11 @@ def install():
     _wrap(argparse.ArgumentParser, "error", one_line_usage_errors)
     import fairseq_cli.interactive
 
-    _wrap(fairseq_cli.interactive, "make_batches", long_lines_skipped)
+    _wrap(fairseq_cli.interactive, "make_batches",
+          lambda make_batches: read_ahead(long_lines_skipped(make_batches)))
+    from fairseq.data import iterators
+
+    from .generation.workers import counting_iterator_lookahead
+
+    if not hasattr(iterators.CountingIterator, "take_ahead"):
+        counting_iterator_lookahead(iterators.CountingIterator)

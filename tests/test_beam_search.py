@@ -16,7 +16,7 @@ from fairseq.sequence_generator import SequenceGenerator, SequenceGeneratorWithA
 import fairseq_hardattn
 from fairseq_hardattn import kernels
 from fairseq_hardattn.generation import PluginBeamSearch, PluginBeamSearchWithAlignment, generator_class
-from fairseq_hardattn.generation import packed_linear
+from fairseq_hardattn.generation import beam_search, packed_linear
 from fairseq_hardattn.modules import (CrossSelfAttention, HardRetrievalAttention, LocalAttention,
                                       SoftAttention, TopKAttention, lineage_decoding)
 
@@ -98,6 +98,14 @@ def test_every_architecture_decodes_fairseqs_hypotheses_with_onednn_linears(arch
     """Every Linear layer packed for oneDNN (the tiny models' are below the
     size that packs): the same hypotheses, and the model as it was after."""
     monkeypatch.setattr(packed_linear, "MIN_PACKED_WEIGHT", 1)
+    packed_in_the_search = []
+
+    class RecordingStepLogits(beam_search.StepLogits):
+        def __init__(self, model, packed_layers):
+            super().__init__(model, packed_layers)
+            packed_in_the_search.append(set(packed_layers))
+
+    monkeypatch.setattr(beam_search, "StepLogits", RecordingStepLogits)
     d = make_dictionary(40)
     model = decisive_model(arch, d, flexible_mean_source_length=6.0).float()
     sample = sample_of(d)
@@ -107,7 +115,7 @@ def test_every_architecture_decodes_fairseqs_hypotheses_with_onednn_linears(arch
         ours = generator.generate([model], sample)
         after = model(**sample["net_input"], prev_output_tokens=sample["net_input"]["src_tokens"])[0]
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
-    assert linears and generator._packed_layers == set(linears)
+    assert linears and packed_in_the_search == [set(linears)]
     assert not any("forward" in vars(m) for m in linears)
     assert torch.equal(before, after)
     assert_same_hypotheses(ours, both(model, d, sample, generator_cls=(SequenceGenerator,),

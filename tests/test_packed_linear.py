@@ -58,12 +58,17 @@ def test_float64_layers_stay_nn_linear():
         assert packed == set()
 
 
-def test_a_nested_block_leaves_the_outer_blocks_layers_packed():
-    """A search inside a search (or a second generator on the same model):
-    the inner block packs nothing and unpacks nothing."""
+def test_overlapping_blocks_share_one_packing_until_the_last_closes():
+    """A search inside a search, searches in several threads, worker
+    processes forked inside a block: the later blocks use the first one's
+    packing (the same weights throughout), and leaving one unpacks nothing
+    while another is open."""
     model = model_of_three_layers()
-    with packed_linears(model) as outer:
-        with packed_linears(model) as inner:
-            assert outer and inner == set()
-        assert all("forward" in vars(layer) for layer in outer)
+    first, second = packed_linears(model), packed_linears(model)
+    layers = first.__enter__()
+    forwards = {layer: vars(layer)["forward"] for layer in layers}
+    assert layers and second.__enter__() == layers
+    first.__exit__(None, None, None)  # the second block is still open: nothing unpacked
+    assert all(vars(layer)["forward"] is forwards[layer] for layer in layers)
+    second.__exit__(None, None, None)
     assert not any("forward" in vars(layer) for layer in model.values())

@@ -39,13 +39,19 @@ from .. import kernels
 from ..models import decoding_engine
 from ..modules import lineage_decoding, sentence_groups
 from .packed_linear import packed_linears
+from .workers import ParallelBatches
 
 
-class PluginBeamSearch(SequenceGenerator):
+class PluginBeamSearch(ParallelBatches, SequenceGenerator):
     """fairseq's ``SequenceGenerator`` (same constructor, ``generate`` and
     output) whose search is this module's. One model (no ensembles), beam
     search (no sampling or other strategies): ``fallback_reason`` says why a
-    configuration runs fairseq's generator instead."""
+    configuration runs fairseq's generator instead. Several batches decode
+    at once in worker processes where the caller iterates them
+    (``workers``). A call's state lives in the call: threads may decode
+    with one generator at once."""
+
+    serial_generate = SequenceGenerator.generate
 
     def __init__(self, models, tgt_dict, **kwargs):
         super().__init__(models, tgt_dict, **kwargs)
@@ -60,16 +66,12 @@ class PluginBeamSearch(SequenceGenerator):
         if constraints is not None:
             raise NotImplementedError("constraints need fairseq's generator")
         model = self.model.single_model
-        # copies of weights are made per call, never kept from an earlier one:
-        # fairseq's optimizer updates weights through .data, which leaves their
-        # version as it was (--eval-bleu's generator lives through training)
-        self._projection = None
         # on a CPU, the large float32 Linear layers on oneDNN's prepacked kernels
-        with packed_linears(model) as self._packed_layers:
-            return self._search(model, sample, prefix_tokens, bos_token)
+        with packed_linears(model) as packed_layers:
+            return self._search(model, sample, prefix_tokens, bos_token, StepLogits(model, packed_layers))
 
     def _search(self, model, sample: Dict[str, Dict[str, Tensor]], prefix_tokens: Optional[Tensor],
-                bos_token: Optional[int]):
+                bos_token: Optional[int], step_logits: "StepLogits"):
         net_input = sample["net_input"]
         src_tokens = net_input["src_tokens"]
         if "src_lengths" in net_input:
@@ -132,8 +134,8 @@ class PluginBeamSearch(SequenceGenerator):
             if lineage is not None:
                 lineage_decoding.set_step(lineage, step, rows)
             prefix = last.unsqueeze(1).expand(-1, step + 1)  # the decoder reads the last token and the length
-            logits = self._step_logits(model, prefix, sentence_encoder_out if one_per_sentence and step == 0
-                                       else encoder_out, incremental_state)
+            logits = step_logits(prefix, sentence_encoder_out if one_per_sentence and step == 0
+                                 else encoder_out, incremental_state)
             if self.temperature != 1.0:
                 logits = logits / self.temperature
             logits = logits.float()
@@ -233,33 +235,6 @@ class PluginBeamSearch(SequenceGenerator):
                 for eos_blocked in (False, True))
         return self._specials
 
-    def _step_logits(self, model, prefix, encoder_out, incremental_state) -> Tensor:
-        """The decoder's logits for the last token of every hypothesis
-        (rows, vocab). On a CPU the output projection is one product over the
-        features: oneDNN's packed Linear (``packed_linear``), the int8 Linear,
-        or else an ``mm`` with the transposed weight kept contiguous (15%
-        faster than ``F.linear``)."""
-        decoder = model.decoder
-        projection = getattr(decoder, "output_projection", None)
-        # --int8-decoding's int8 Linear, or oneDNN's packed one: on the features as one matrix
-        own_kernel = (isinstance(projection, torch.ao.nn.quantized.dynamic.Linear)
-                      or projection in self._packed_layers)
-        if (prefix.is_cuda or getattr(decoder, "adaptive_softmax", None) is not None
-                or not (own_kernel or (isinstance(projection, nn.Linear) and projection.bias is None))):
-            return decoder(prefix, encoder_out=encoder_out, incremental_state=incremental_state)[0][:, -1, :]
-        features = decoder(prefix, encoder_out=encoder_out, incremental_state=incremental_state,
-                           features_only=True)[0][:, -1, :]
-        if own_kernel:
-            return projection(features.contiguous())
-        if self._projection is None:  # once per call (_generate)
-            self._projection = projection.weight.detach().t().contiguous()
-        rows, vocab = features.size(0), self._projection.size(1)
-        if getattr(self, "_logits", None) is None or self._logits.numel() < rows * vocab \
-                or self._logits.dtype != features.dtype:
-            # one buffer for every step's logits (a fresh one each step costs its page faults)
-            self._logits = features.new_empty(rows * vocab)
-        return torch.mm(features, self._projection, out=self._logits[:rows * vocab].view(rows, vocab))
-
     def _finalize(self, step, ending, cand_beams, sentence_scores, step_tokens, step_scores,
                   step_parents, finalized, sentences, max_len) -> List[int]:
         """Store the hypotheses ending with EOS (``ending``: (sentences, beam)
@@ -321,10 +296,49 @@ class PluginBeamSearch(SequenceGenerator):
         return logits, scores
 
 
+class StepLogits:
+    """One call's logits of each step: the decoder's, and on a CPU its output
+    projection as one product over the features: oneDNN's packed Linear
+    (``packed_linear``), the int8 Linear, or else an ``mm`` with the
+    transposed weight kept contiguous (15% faster than ``F.linear``). The
+    copies are the call's own, never kept from an earlier one: fairseq's
+    optimizer updates weights through .data, which leaves their version as
+    it was (``--eval-bleu``'s generator lives through training)."""
+
+    def __init__(self, model, packed_layers):
+        self.decoder = model.decoder
+        self.packed_layers = packed_layers
+        self.transposed = None  # the output projection's weight, transposed
+        self.buffer = None  # every step's logits (a fresh one each step costs its page faults)
+
+    def __call__(self, prefix, encoder_out, incremental_state) -> Tensor:
+        decoder = self.decoder
+        projection = getattr(decoder, "output_projection", None)
+        # --int8-decoding's int8 Linear, or oneDNN's packed one: on the features as one matrix
+        own_kernel = (isinstance(projection, torch.ao.nn.quantized.dynamic.Linear)
+                      or projection in self.packed_layers)
+        if (prefix.is_cuda or getattr(decoder, "adaptive_softmax", None) is not None
+                or not (own_kernel or (isinstance(projection, nn.Linear) and projection.bias is None))):
+            return decoder(prefix, encoder_out=encoder_out, incremental_state=incremental_state)[0][:, -1, :]
+        features = decoder(prefix, encoder_out=encoder_out, incremental_state=incremental_state,
+                           features_only=True)[0][:, -1, :]
+        if own_kernel:
+            return projection(features.contiguous())
+        if self.transposed is None:
+            self.transposed = projection.weight.detach().t().contiguous()
+        rows, vocab = features.size(0), self.transposed.size(1)
+        if self.buffer is None or self.buffer.numel() < rows * vocab or self.buffer.dtype != features.dtype:
+            self.buffer = features.new_empty(rows * vocab)
+        return torch.mm(features, self.transposed, out=self.buffer[:rows * vocab].view(rows, vocab))
+
+
 class PluginBeamSearchWithAlignment(SequenceGeneratorWithAlignment, PluginBeamSearch):
     """``--print-alignment``: this search, then fairseq's alignment pass over
     the finished hypotheses (models with ``full_context_alignment``: this
     search records no attention per step)."""
+
+    generate = ParallelBatches.generate
+    serial_generate = SequenceGeneratorWithAlignment.generate
 
     def __init__(self, models, tgt_dict, **kwargs):
         if not all(getattr(model, "full_context_alignment", False) for model in models):

@@ -46,6 +46,7 @@ from ..fairseq_compat import plain_args
 from ..modules import ATTENTION_KINDS, HardRetrievalAttention, TopKAttention, sentence_groups
 from ..modules.hard_retrieval_attention import TRAIN_RETRIEVALS
 from ..generation.int8 import check_int8_decoding, quantize_for_decoding
+from ..generation.workers import check_workers
 from . import decoding_engine
 
 logger = logging.getLogger(__name__)
@@ -295,6 +296,12 @@ class AttentionKindTransformerModel(ClearCheckpointErrors, TransformerModel):
                             help="decode with int8 Linear layers (PyTorch's dynamic quantization, "
                                  "CPU only); a decoding-time --model-overrides key or hub "
                                  "argument (int8_decoding=True)")
+        parser.add_argument("--decoding-workers", metavar="N",
+                            help="batches decoded at once on a CPU, each in a worker process of "
+                                 "one thread sharing the model's weights: 'auto' (the default: "
+                                 "one per thread the process may use) or N (1: none); a "
+                                 "decoding-time --model-overrides key or hub argument "
+                                 "(decoding_workers=2)")
         parser.add_argument("--retrieval-k", type=int, metavar="K",
                             help="keys each head of a topk sublayer attends to (its K highest "
                                  "scores, softmax over those; 1: hard retrieval with an argmax); "
@@ -310,6 +317,7 @@ class AttentionKindTransformerModel(ClearCheckpointErrors, TransformerModel):
         if args.decoding_engine not in decoding_engine.ENGINES:
             raise ConfigError(f"--decoding-engine must be one of {decoding_engine.ENGINES}, "
                               f"got {args.decoding_engine!r}")
+        args.decoding_workers = check_workers(args.decoding_workers)
         if args.hard_anneal_updates < 0:
             raise ConfigError(f"--hard-anneal-updates must be >= 0, got {args.hard_anneal_updates}")
         topk = [option for option in ATTENTION_KIND_OPTIONS if getattr(args, option, None) == "topk"]
@@ -329,6 +337,8 @@ class AttentionKindTransformerModel(ClearCheckpointErrors, TransformerModel):
         """fairseq's tools call it before decoding: int8 Linear layers where
         the model's options ask for them (``--int8-decoding``)."""
         super().prepare_for_inference_(cfg)
+        # its weights are final: worker processes may decode with a copy-on-write view of them
+        self.prepared_for_inference = True
         if getattr(self.args, "int8_decoding", False):
             check_int8_decoding(self, cfg)
             quantize_for_decoding(self)
@@ -353,6 +363,7 @@ class AttentionKindTransformerModel(ClearCheckpointErrors, TransformerModel):
         model = super().build_model(args, task)
         model.data_dir = data_dir(task)
         model.decoder.decoding_engine = args.decoding_engine
+        model.decoding_workers = args.decoding_workers
         return model
 
     @classmethod
@@ -400,7 +411,8 @@ def base_architecture(args):
     """Transformer Base dims; every kind soft unless an option says otherwise."""
     set_defaults(args, **{option: "soft" for option in ATTENTION_KIND_OPTIONS})
     set_defaults(args, hard_train_retrieval="sample", hard_anneal_updates=0,
-                 decoding_engine="auto", retrieval_k=None, int8_decoding=False)  # k: only where a kind is topk
+                 decoding_engine="auto", retrieval_k=None, int8_decoding=False,
+                 decoding_workers="auto")  # k: only where a kind is topk
     fairseq_base_architecture(args)
 
 

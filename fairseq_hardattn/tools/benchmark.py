@@ -10,16 +10,28 @@ max over repetitions) and the speed ratio to a baseline model.
 Models are trained checkpoints (``--model NAME=PATH``) or architectures with
 random weights (``--arch NAME=ARCH``); with random weights, use
 ``--fixed-output-len`` so every model generates the same number of tokens.
+
+On several cores (``--threads N`` > 1, or ``--workers`` > 1) each system
+decodes in a process of its own, one process per system and repetition
+(torch's and CTranslate2's OpenMP runtimes in one process slow each other),
+in the same rotated order: the plugin's models with ``--workers`` batches at
+once (``auto``: as fairseq-generate decides), CTranslate2 in both of its
+configurations.
 """
 
 import argparse
 import copy
+import json
+import os
+import subprocess
 import sys
+import tempfile
 
 import torch
 
 from ..errors import ConfigError
 from ..models.attention_kind_base import SMALL_DIMS
+from ..generation.workers import check_workers
 from ..models.decoding_engine import ENGINES
 from .fixtures import (DTYPES, GENERATE_MAX_LEN, DictionaryTask, check_device, device_name, load_models,
                        parse_model_specs, random_batches, set_decoding_engine,
@@ -27,7 +39,7 @@ from .fixtures import (DTYPES, GENERATE_MAX_LEN, DictionaryTask, check_device, d
                        training_batches)
 from . import ctranslate2_peer
 from .reporting import markdown_table, report, write_outputs
-from .timing import benchmark_decoding, benchmark_training, profile_sublayers
+from .timing import Timing, benchmark_decoding, benchmark_training, profile_sublayers
 
 
 def build_parser():
@@ -63,7 +75,13 @@ def build_parser():
                    help=f"as fairseq-generate's (default {GENERATE_MAX_LEN[1]})")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=int, default=1,
+                   help="threads of each system (more than one: each system in its own process)")
+    p.add_argument("--workers", metavar="N",
+                   help="the plugin's models: batches decoded at once (--decoding-workers: 'auto' "
+                        "or N; default: each model's own, auto)")
+    p.add_argument("--only", help=argparse.SUPPRESS)  # a child of the isolated runs: this system
+    p.add_argument("--timings-json", help=argparse.SUPPRESS)  # where such a child writes its timings
     p.add_argument("--device", default="cpu", help="cpu or cuda (timed with CUDA synchronisation)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     p.add_argument("--decoding-engine", choices=ENGINES,
@@ -81,15 +99,57 @@ def build_parser():
     return p
 
 
+def max_len_of(args):
+    """fairseq-generate's (--max-len-a, --max-len-b) as given, else its defaults."""
+    return tuple(default if given is None else given
+                 for given, default in zip((args.max_len_a, args.max_len_b), GENERATE_MAX_LEN))
+
+
+def isolated(args) -> bool:
+    """Whether each system decodes in a process of its own."""
+    return args.only is None and (args.threads > 1 or check_workers(args.workers) not in ("auto", 1))
+
+
+def run_isolated(argv, systems, args, log):
+    """name -> Timing: each repetition runs every system once, rotated, each
+    in a fresh process (this script with ``--only``) after its warm-up."""
+    seconds = {name: [] for name in systems}
+    counts = {}
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "timings.json")
+        for rep in range(args.reps):
+            order = systems[rep % len(systems):] + systems[:rep % len(systems)]
+            for name in order:
+                subprocess.run([sys.executable, "-m", __name__, *argv, "--only", name, "--reps", "1",
+                                "--timings-json", path], env=env, check=True, stdout=subprocess.DEVNULL)
+                with open(path) as f:
+                    timing = json.load(f)[name]
+                seconds[name].append(timing["seconds"][0])
+                counts[name] = (timing["sentences"], timing["tokens"])
+            log(f"repetition {rep + 1}/{args.reps}: " + ", ".join(
+                f"{n} {seconds[n][-1]:.2f}s" for n in systems))
+    return {name: Timing(seconds[name], *counts[name]) for name in systems}
+
+
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
     torch.set_num_threads(args.threads)
     log = lambda msg: print(f"[benchmark] {msg}", file=sys.stderr, flush=True)
     try:
         check_device(args.device)
+        workers = None if args.workers is None else check_workers(args.workers)
+        if isolated(args) and (args.sublayer_times or args.train_batches):
+            raise ConfigError("--sublayer-times and --train-batches run on one thread (--threads 1)")
         if args.fixed_output_len and (args.max_len_a is not None or args.max_len_b is not None):
             raise ConfigError("--fixed-output-len sets the output length: drop --max-len-a/--max-len-b")
         specs = parse_model_specs(args.model, args.arch, args.override)
+        peer_names = ctranslate2_peer.peer_names(args.ctranslate2, args.threads)
+        if args.only is not None:  # a child: the system asked for (a peer needs its source model)
+            sources = {t.partition("=")[0]: t.partition("=")[2].partition(":")[0] for t in args.ctranslate2 or []}
+            wanted = sources.get(args.only.removesuffix("_inter"), args.only)
+            specs = [s for s in specs if s.name == wanted]
         if args.data:
             task = setup_translation_task(args.data)
         else:
@@ -98,7 +158,7 @@ def main(argv=None):
                 raise ConfigError("without --data, give --src-len for random sources")
         dictionary = task.target_dictionary
         baseline = args.baseline or specs[0].name
-        if baseline not in {s.name for s in specs}:
+        if args.only is None and baseline not in {s.name for s in specs}:
             raise ConfigError(f"--baseline {baseline!r} is not one of the models")
         if args.src_len:
             batches = random_batches(dictionary, args.num_sentences, args.src_len, args.batch_size)
@@ -112,15 +172,29 @@ def main(argv=None):
                              arch_overrides=SMALL_DIMS if args.dims == "small" else None,
                              keep_small_presets=True)
         set_decoding_engine(models, args.decoding_engine)
-        peers = ctranslate2_peer.peers(args.ctranslate2, models, dictionary, batches, args.beam,
-                                       args.fixed_output_len, args.threads) if args.ctranslate2 else {}
+        if workers is not None:
+            for model in models.values():
+                model.decoding_workers = workers
+        peers = {}
+        if args.ctranslate2 and not isolated(args) and (args.only is None or args.only in peer_names):
+            peers = ctranslate2_peer.peers(args.ctranslate2, models, dictionary, batches, args.beam,
+                                           args.fixed_output_len, args.threads, args.only)
     except (ConfigError, FileNotFoundError) as err:
         print(f"benchmark: error: {err}", file=sys.stderr)
         return 2
+    if args.only is not None:
+        decoded = {} if args.only in peers else models
+        timings = benchmark_decoding(decoded, dictionary, batches, args.beam, args.reps, args.warmup,
+                                     args.fixed_output_len, None, max_len_of(args), args.dtype, peers)
+        with open(args.timings_json, "w") as f:
+            json.dump({name: {"seconds": t.seconds, "sentences": t.sentences, "tokens": t.tokens}
+                       for name, t in timings.items()}, f)
+        return 0
     params = {n: sum(p.numel() for p in m.parameters()) for n, m in models.items()}
     for text in args.ctranslate2 or []:  # a peer has its source model's parameters
         name, _, source = text.partition("=")
-        params[name] = params[source.partition(":")[0]]
+        for peer in ctranslate2_peer.peer_names([text], args.threads):
+            params[peer] = params[source.partition(":")[0]]
 
     train_timings = None
     if args.train_batches:
@@ -130,17 +204,19 @@ def main(argv=None):
             train_models, [to_device(batch, args.device) for batch in training_batches(
                 task, args.train_batches, args.train_max_tokens, dictionary)],
             args.reps, args.warmup, log)
-    log("decoding")
-    max_len = tuple(default if given is None else given
-                    for given, default in zip((args.max_len_a, args.max_len_b), GENERATE_MAX_LEN))
-    decode_timings = benchmark_decoding(models, dictionary, batches, args.beam, args.reps,
-                                        args.warmup, args.fixed_output_len, log, max_len, args.dtype,
-                                        peers)
+    log("decoding" + (f", each system in its own process on {args.threads} thread(s)"
+                       if isolated(args) else ""))
+    if isolated(args):
+        decode_timings = run_isolated(argv, list(models) + peer_names, args, log)
+    else:
+        decode_timings = benchmark_decoding(models, dictionary, batches, args.beam, args.reps,
+                                            args.warmup, args.fixed_output_len, log, max_len_of(args),
+                                            args.dtype, peers)
     shares = None
     if args.sublayer_times:
         log("attention sublayer shares (one profiled pass per model)")
         shares = profile_sublayers(models, dictionary, batches, args.beam, args.fixed_output_len,
-                                   max_len)
+                                   max_len_of(args))
     settings = {k: v for k, v in vars(args).items() if k not in ("json", "markdown")}
     settings["torch"] = torch.__version__
     settings["device_name"] = device_name(args.device)

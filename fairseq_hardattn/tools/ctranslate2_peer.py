@@ -75,33 +75,48 @@ def convert(model, dictionary, work_dir: str) -> str:
     return output
 
 
+# CTranslate2's two ways of using several cores: one batch over all of them
+# (intra-op threads), or a batch per core (inter_threads, one thread each)
+CONFIGS = ("intra", "inter")
+
+
 def runner(model_dir: str, compute_type: str, dictionary, batches, beam: int, steps: int,
-           threads: int) -> Callable[[], int]:
+           threads: int, config: str = "intra") -> Callable[[], int]:
     """A function that decodes ``batches`` (fairseq samples) with CTranslate2,
     every hypothesis exactly ``steps`` tokens (EOS included, as fairseq's
-    fixed-length decoding), and returns the tokens generated."""
+    fixed-length decoding), and returns the tokens generated. ``config``
+    ``intra``: one batch at a time on ``threads`` threads; ``inter``:
+    ``threads`` batches at a time, one thread each (submitted at once)."""
     import ctranslate2
 
+    inter = threads if config == "inter" else 1
     translator = ctranslate2.Translator(model_dir, device="cpu", compute_type=compute_type,
-                                        inter_threads=1, intra_threads=threads)
+                                        inter_threads=inter, intra_threads=threads // inter)
     pad, eos = dictionary.pad(), dictionary.eos()
     sources = [[[dictionary[int(t)] for t in row if int(t) not in (pad, eos)]
                 for row in batch["net_input"]["src_tokens"]] for batch in batches]
+    options = dict(beam_size=beam, min_decoding_length=steps, max_decoding_length=steps,
+                   return_end_token=True)
 
     def run() -> int:
-        tokens = 0
-        for words in sources:
-            for result in translator.translate_batch(words, beam_size=beam, max_batch_size=len(words),
-                                                     min_decoding_length=steps, max_decoding_length=steps,
-                                                     return_end_token=True):
-                tokens += len(result.hypotheses[0])
-        return tokens
+        results = [translator.translate_batch(words, max_batch_size=len(words), asynchronous=inter > 1,
+                                              **options) for words in sources]
+        return sum(len((r.result() if inter > 1 else r).hypotheses[0]) for batch in results for r in batch)
 
     return run
 
 
-def peers(specs, models, dictionary, batches, beam, fixed_output_len, threads):
-    """name -> runner for each ``--ctranslate2 NAME=MODEL:COMPUTE_TYPE``."""
+def peer_names(specs, threads: int) -> List[str]:
+    """The peers ``--ctranslate2`` gives on ``threads`` threads: one per spec
+    on one thread; on more, each in both configurations (NAME: intra-op
+    threads, NAME_inter: a batch per thread)."""
+    names = [text.partition("=")[0] for text in specs or []]
+    return names if threads == 1 else [n + suffix for n in names for suffix in ("", "_inter")]
+
+
+def peers(specs, models, dictionary, batches, beam, fixed_output_len, threads, only=None):
+    """name -> runner for each ``--ctranslate2 NAME=MODEL:COMPUTE_TYPE`` in
+    each configuration (``peer_names``); ``only``: just that peer."""
     if specs and not fixed_output_len:
         raise ConfigError("--ctranslate2 needs --fixed-output-len (its length limits are not fairseq's)")
     try:
@@ -116,13 +131,16 @@ def peers(specs, models, dictionary, batches, beam, fixed_output_len, threads):
         if not name or model_name not in models or compute_type not in COMPUTE_TYPES:
             raise ConfigError(f"--ctranslate2 {text!r}: expected NAME=MODEL:COMPUTE_TYPE, MODEL one of "
                               f"{sorted(models)}, COMPUTE_TYPE one of {COMPUTE_TYPES}")
-        if model_name not in converted:
-            check_convertible(model_name, models[model_name])
-            directory = os.path.join(work, model_name)
-            os.makedirs(directory)
-            converted[model_name] = convert(models[model_name], dictionary, directory)
-        runs[name] = runner(converted[model_name], compute_type, dictionary, batches, beam,
-                            fixed_output_len + 1, threads)
+        for peer in peer_names([text], threads):
+            if only is not None and peer != only:
+                continue
+            if model_name not in converted:
+                check_convertible(model_name, models[model_name])
+                directory = os.path.join(work, model_name)
+                os.makedirs(directory)
+                converted[model_name] = convert(models[model_name], dictionary, directory)
+            runs[peer] = runner(converted[model_name], compute_type, dictionary, batches, beam,
+                                fixed_output_len + 1, threads, "inter" if peer.endswith("_inter") else "intra")
     return runs
 
 

@@ -10,6 +10,7 @@ from typing import Dict, List
 
 import torch
 import torch.nn.functional as F
+from fairseq.data import iterators
 
 from .fixtures import GENERATE_MAX_LEN, make_generator, prepare_for_decoding
 from .profiling import timed_sublayers
@@ -36,8 +37,11 @@ class Timing:
 
 @torch.no_grad()
 def decode(generator, batches):
+    """As fairseq-generate: batches from a ``CountingIterator`` (the plugin's
+    search decodes the next ones in worker processes meanwhile, where its
+    ``--decoding-workers`` asks for them)."""
     tokens = 0
-    for sample in batches:
+    for sample in iterators.CountingIterator(batches):
         hyps = generator.generate(None, sample)
         tokens += sum(len(h[0]["tokens"]) for h in hyps)
     return tokens

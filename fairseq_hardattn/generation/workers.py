@@ -1,0 +1,370 @@
+"""Batches decoded in parallel on a CPU (``--decoding-workers``, a model
+option: at decoding time ``--model-overrides "{'decoding_workers': 2}"`` or
+the hub's ``decoding_workers=2``; ``auto``, the default, uses every thread
+the process may use).
+
+A step of the plugin's search at the small preset's dims is too small to
+split well over cores (two intra-op threads: 1.27x one; two worker
+processes: 1.95x), and Python threads share one interpreter lock
+(1.5x-1.7x). So, as CTranslate2's ``inter_threads``, the search decodes
+several batches at once: each in a worker process of one thread, forked
+from the decoding process once the model is ready, so that the weights (the
+int8 ones and oneDNN's packed copies included) are shared with it, never
+copied. The process that asked waits for the batch it asked for; the
+others are already under way.
+
+How the search sees the next batches: fairseq-generate, the hub and
+``--eval-bleu`` iterate a ``CountingIterator``, fairseq-interactive its
+``make_batches``; ``fairseq_compat`` makes both remember, per thread, the
+batch they yielded last (``note_yielded``) and read ahead on request
+(``batches_after``). A call whose batch came from such a source, with no
+prefix or constraints, decodes in parallel; any other call decodes as
+before. Outputs are the same as one process's, in the same order: a worker
+decodes a batch exactly as the calling process would (one thread or
+several give the same sums in every kernel the search uses; tested).
+
+Workers run only for models that fairseq's tools prepared for decoding
+(``prepare_for_inference_``: fairseq-generate, fairseq-interactive, the
+hub), whose weights no longer change; never in training (``--eval-bleu``),
+where each validation must see the updated weights. They live as long as
+the generator that forked them (the hub builds one per call). A worker
+that fails hands its error to the caller; one that dies is replaced by the
+calling process decoding its batches itself, with one warning.
+"""
+
+import collections
+import contextlib
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import weakref
+from typing import Dict, List, Optional
+
+import torch
+
+from ..errors import ConfigError
+from .packed_linear import packed_linears
+
+logger = logging.getLogger(__name__)
+
+AUTO = "auto"
+# batches queued per worker: one decoding, one waiting, so that a worker
+# never idles while the calling process prints the last batch
+QUEUED_PER_WORKER = 2
+
+
+def check_workers(value):
+    """``--decoding-workers``: ``auto`` or a number >= 1 (a string from the
+    command line, an int from overrides); returns it normalised."""
+    if value is None or value == AUTO:
+        return AUTO
+    try:
+        workers = int(value)
+    except (TypeError, ValueError):
+        workers = 0
+    if workers < 1 or str(value).strip() != str(workers):
+        raise ConfigError(f"--decoding-workers must be 'auto' or a number >= 1, got {value!r}")
+    return workers
+
+
+def available_threads() -> int:
+    """The threads this process may decode with: torch's intra-op threads
+    (OMP_NUM_THREADS, torch.set_num_threads, else the cores it may use)."""
+    return torch.get_num_threads()
+
+
+def resolved_workers(setting) -> int:
+    """Worker processes for ``setting`` (``auto``: one per thread the
+    process may use; 1: none, the calling process decodes)."""
+    if setting in (None, AUTO):
+        return available_threads()
+    return int(setting)
+
+
+def can_fork() -> bool:
+    return "fork" in multiprocessing.get_all_start_methods()
+
+
+# --- what comes next: the batches after this one ------------------------------
+
+_last = threading.local()
+
+
+def _source_tokens(batch):
+    """A batch's source tokens: a sample's ``net_input``, or
+    fairseq-interactive's ``Batch``."""
+    if isinstance(batch, dict):
+        net_input = batch.get("net_input")
+        return net_input.get("src_tokens") if isinstance(net_input, dict) else None
+    return getattr(batch, "src_tokens", None)
+
+
+def note_yielded(source, batch):
+    """``source`` (a lookahead source: ``take_ahead(n)``) yielded ``batch`` in
+    this thread; weak references, so nothing is kept alive."""
+    tokens = _source_tokens(batch)
+    if torch.is_tensor(tokens):
+        _last.tokens, _last.source = weakref.ref(tokens), weakref.ref(source)
+
+
+def batches_after(sample, n: int) -> List[Dict]:
+    """Up to ``n`` samples that this thread's last lookahead source will yield
+    after ``sample`` (read ahead now, yielded later as they are), or [] when
+    ``sample`` is not that source's last batch."""
+    tokens, source = getattr(_last, "tokens", None), getattr(_last, "source", None)
+    tokens, source = tokens and tokens(), source and source()
+    if tokens is None or source is None or tokens is not _source_tokens(sample):
+        return []
+    return source.take_ahead(n)
+
+
+def counting_iterator_lookahead(iterator_class):
+    """Give fairseq's ``CountingIterator`` a read-ahead buffer: ``take_ahead``
+    pulls batches now, ``__next__`` yields them in order later (and notes
+    each batch it yields)."""
+    original_next = iterator_class.__next__
+
+    def __next__(self):
+        ahead = self.__dict__.get("_ahead")
+        if ahead:
+            if not self.has_next():
+                raise StopIteration
+            batch = ahead.popleft()
+            self.n += 1
+        else:
+            batch = original_next(self)
+        note_yielded(self, batch)
+        return batch
+
+    def take_ahead(self, n):
+        ahead = self.__dict__.setdefault("_ahead", collections.deque())
+        while len(ahead) < n and self.n + len(ahead) < self.total:
+            try:
+                ahead.append(next(self._itr))
+            except StopIteration:
+                break
+        return [batch for batch in list(ahead)[:n] if isinstance(batch, dict) and "net_input" in batch]
+
+    iterator_class.__next__ = __next__
+    iterator_class.take_ahead = take_ahead
+
+
+class InteractiveBatches:
+    """fairseq-interactive's batches (``make_batches``), able to read ahead:
+    the samples it builds from them are ``{"net_input": {"src_tokens",
+    "src_lengths"}}``, as fairseq-interactive's own."""
+
+    def __init__(self, batches):
+        self._batches = iter(batches)
+        self._ahead = collections.deque()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        batch = self._ahead.popleft() if self._ahead else next(self._batches)
+        note_yielded(self, batch)
+        return batch
+
+    def take_ahead(self, n):
+        while len(self._ahead) < n:
+            try:
+                self._ahead.append(next(self._batches))
+            except StopIteration:
+                break
+        return [{"net_input": {"src_tokens": b.src_tokens, "src_lengths": b.src_lengths}}
+                for b in list(self._ahead)[:n] if getattr(b, "constraints", None) is None]
+
+
+# --- the workers ----------------------------------------------------------------
+
+
+class WorkerDied(RuntimeError):
+    pass
+
+
+# the generator a worker forked now serves (set only while forking: a
+# process's arguments would keep the generator alive through its pool)
+_forking = None
+
+
+def _serve(connection):
+    """A worker's loop: decode each batch it is sent, send back the hypotheses."""
+    generator = _forking
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the calling process handles Ctrl-C
+    torch.set_num_threads(1)  # more than one would hang: GNU OpenMP's pool does not survive a fork
+    while True:
+        try:
+            task = connection.recv()
+        except (EOFError, OSError):
+            break
+        if task is None:
+            break
+        number, sample = task
+        try:
+            with torch.no_grad():
+                result = generator.generate_here(sample)
+            connection.send((number, result, None))
+        except BaseException as error:  # handed to the caller
+            try:
+                connection.send((number, None, error))
+            except Exception:  # not picklable
+                connection.send((number, None, RuntimeError(f"{type(error).__name__}: {error}")))
+    connection.close()
+
+
+class WorkerPool:
+    """``workers`` processes forked from this one, each decoding the batches
+    it is sent with ``generator`` (as it was at the fork), in order."""
+
+    def __init__(self, generator, workers: int):
+        global _forking
+        context = multiprocessing.get_context("fork")
+        # oneDNN's packed weights made here, before the fork, are the workers' too
+        self.packing = contextlib.ExitStack()
+        for model in generator.model.models:
+            self.packing.enter_context(packed_linears(model))
+        # what sits in this process's stdio buffers would be written again by a worker
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        self.connections, self.processes = [], []
+        _forking = generator
+        try:
+            for _ in range(workers):
+                ours, theirs = context.Pipe()
+                process = context.Process(target=_serve, args=(theirs,), daemon=True)
+                process.start()
+                theirs.close()
+                self.connections.append(ours)
+                self.processes.append(process)
+        finally:
+            _forking = None
+        self.queued = [collections.deque() for _ in range(workers)]  # task numbers per worker
+        self.results = {}
+        self.next_number = 0
+        self.lock = threading.Lock()
+
+    def submit(self, sample) -> int:
+        """Queue ``sample`` on the least busy worker; returns its task number."""
+        with self.lock:
+            worker = min(range(len(self.queued)), key=lambda w: len(self.queued[w]))
+            number, self.next_number = self.next_number, self.next_number + 1
+            try:
+                self.connections[worker].send((number, sample))
+            except OSError as error:
+                raise WorkerDied(self._exited(worker)) from error
+            self.queued[worker].append(number)
+            return number
+
+    def in_flight(self) -> int:
+        return sum(len(q) for q in self.queued)
+
+    def result(self, number: int):
+        """The hypotheses of task ``number`` (waits for them); raises the
+        worker's error, or ``WorkerDied``."""
+        with self.lock:
+            while number not in self.results:
+                worker = next(w for w, q in enumerate(self.queued) if number in q)
+                try:
+                    done, result, error = self.connections[worker].recv()
+                except (EOFError, OSError) as error:
+                    raise WorkerDied(self._exited(worker)) from error
+                self.queued[worker].remove(done)
+                self.results[done] = (result, error)
+            result, error = self.results.pop(number)
+        if error is not None:
+            raise error
+        return result
+
+    def _exited(self, worker):
+        process = self.processes[worker]
+        process.join(timeout=1)
+        return f"decoding worker {process.pid} exited (code {process.exitcode})"
+
+    def close(self):
+        for connection in self.connections:
+            try:
+                connection.send(None)
+                connection.close()
+            except OSError:
+                pass
+        for process in self.processes:
+            process.join(timeout=5)
+            if process.is_alive():
+                process.terminate()
+        self.packing.close()
+
+
+class ParallelBatches:
+    """A mixin of the plugin's generators: ``generate`` decodes the batches
+    ahead of this one in worker processes where it can (``--decoding-workers``);
+    ``generate_here`` decodes one batch in this process."""
+
+    def generate_here(self, sample, **kwargs):
+        return self.serial_generate(self.model.models, sample, **kwargs)
+
+    def generate(self, models, sample, **kwargs):
+        pending = self.__dict__.setdefault("_pending", {})  # id(src_tokens) -> (src_tokens, task)
+        tokens = _source_tokens(sample)
+        # batches read ahead are decoded without a prefix or constraints: so must this one be
+        plain = not any(value is not None for value in kwargs.values())
+        entry = pending.pop(id(tokens), None) if plain and torch.is_tensor(tokens) else None
+        if entry is not None and entry[0] is not tokens:
+            entry = None
+        pool = self._pool_for(sample, plain) if entry is None else self._pool
+        if pool is None:
+            return self.generate_here(sample, **kwargs)
+        try:
+            number = pool.submit(sample) if entry is None else entry[1]
+            # keep every worker busy: the batches after this one, up to the window
+            window = len(pool.processes) * QUEUED_PER_WORKER
+            for ahead in batches_after(sample, window):
+                if pool.in_flight() >= window:
+                    break
+                ahead_tokens = _source_tokens(ahead)
+                if id(ahead_tokens) not in pending:
+                    pending[id(ahead_tokens)] = (ahead_tokens, pool.submit(ahead))
+            return pool.result(number)
+        except WorkerDied as error:
+            logger.warning("fairseq-hardattn: %s; decoding the remaining batches in this process",
+                           error)
+            self.close_workers()
+            return self.generate_here(sample, **kwargs)
+
+    def _pool_for(self, sample, plain) -> Optional[WorkerPool]:
+        """The worker pool for this call, started on the first call that can
+        use one; None: decode here."""
+        pool = self.__dict__.get("_pool")
+        if pool is not None or not plain or getattr(self, "_workers_off", False):
+            return pool
+        models = self.model.models
+        src_tokens = _source_tokens(sample)
+        setting = getattr(models[0], "decoding_workers", 1)
+        if (not torch.is_tensor(src_tokens) or src_tokens.device.type != "cpu"
+                or not all(getattr(m, "prepared_for_inference", False) for m in models)):
+            return None
+        workers = resolved_workers(setting)
+        if workers < 2 or not can_fork():
+            self._workers_off = True
+            return None
+        if not batches_after(sample, 1):  # one batch: this process decodes it with all its threads
+            return None
+        self._pool = WorkerPool(self, workers)
+        weakref.finalize(self, self._pool.close)
+        logger.info("decoding %d batches at a time, in %d worker processes of one thread each "
+                    "(--decoding-workers %s%s), the model's weights shared", workers, workers,
+                    setting, f": the {workers} threads this process may use" if setting == AUTO else "")
+        return self._pool
+
+    def close_workers(self):
+        pool = self.__dict__.pop("_pool", None)
+        self._pending = {}
+        self._workers_off = True
+        if pool is not None:
+            pool.close()

@@ -1,0 +1,255 @@
+"""Batches decoded in parallel (``--decoding-workers``): the read-ahead of
+fairseq's iterators, worker processes that give the hypotheses one process
+gives, in the same order, through fairseq-generate, fairseq-interactive and
+the hub; errors and dead workers; never in training; and several threads
+decoding with one model and one generator."""
+
+import os
+import re
+import threading
+
+import pytest
+import torch
+from fairseq.data import iterators
+from fairseq.models.transformer import TransformerModel
+
+from fairseq_hardattn import ConfigError
+from fairseq_hardattn.generation import PluginBeamSearch, PluginBeamSearchWithAlignment, workers
+
+from conftest import (USER_DIR, decisive_model, generate, interactive, make_dictionary, one_error_line,
+                      random_batch, train)
+
+ENGINE = "'decoding_engine': 'auto'"
+
+
+def batches_of(dictionary, count=5, size=3, seed=0):
+    samples = []
+    for b in range(count):
+        lengths = [3 + (b + i) % 6 for i in range(size)]
+        src, src_lengths, _ = random_batch(dictionary, lengths, seed=seed + b)
+        samples.append({"id": torch.arange(b * size, (b + 1) * size),
+                        "net_input": {"src_tokens": src, "src_lengths": src_lengths}})
+    return samples
+
+
+def prepared_model(arch="transformer_soft_small", decoding_workers=2):
+    d = make_dictionary(40)
+    model = decisive_model(arch, d).float()
+    model.decoding_workers = decoding_workers
+    model.prepared_for_inference = True  # as fairseq's tools leave it
+    return model, d
+
+
+def decode_as_fairseq_generate(generator, samples):
+    """fairseq-generate's loop: a CountingIterator, one batch per call."""
+    found = []
+    with torch.no_grad():
+        for sample in iterators.CountingIterator(samples):
+            found.append(generator.generate(generator.model.models, sample, prefix_tokens=None,
+                                            constraints=None))
+    return found
+
+
+def hypotheses_of(batches):
+    return [[(h["tokens"].tolist(), h["score"].item(), h["positional_scores"].tolist()) for h in sentence]
+            for batch in batches for sentence in batch]
+
+
+def test_decoding_workers_takes_auto_or_a_count():
+    assert workers.check_workers(None) == workers.check_workers("auto") == "auto"
+    assert workers.check_workers("3") == workers.check_workers(3) == 3
+    for bad in ("0", 0, -2, "two", "2.5", 1.5):
+        with pytest.raises(ConfigError, match="--decoding-workers must be 'auto' or a number >= 1"):
+            workers.check_workers(bad)
+
+
+def test_a_counting_iterator_reads_ahead_and_still_yields_every_batch_once_in_order():
+    items = [{"net_input": {"src_tokens": torch.tensor([i])}} for i in range(6)]
+    iterator = iterators.CountingIterator(items)
+    first = next(iterator)
+    assert workers.batches_after(first, 2) == items[1:3]
+    assert workers.batches_after(items[4], 2) == []  # not the batch it yielded last
+    assert [next(iterator) for _ in range(2)] == items[1:3]
+    assert workers.batches_after(items[2], 10) == items[3:]
+    assert list(iterator) == items[3:] and iterator.n == len(items)
+
+
+def test_interactive_batches_read_ahead_as_samples():
+    from fairseq_cli.interactive import Batch
+
+    batches = [Batch(ids=torch.tensor([i]), src_tokens=torch.tensor([[i + 4, 2]]),
+                     src_lengths=torch.tensor([2]), constraints=None) for i in range(4)]
+    iterator = workers.InteractiveBatches(iter(batches))
+    first = next(iterator)
+    sample = {"net_input": {"src_tokens": first.src_tokens, "src_lengths": first.src_lengths}}
+    ahead = workers.batches_after(sample, 2)
+    assert [a["net_input"]["src_tokens"] for a in ahead] == [b.src_tokens for b in batches[1:3]]
+    assert list(iterator) == batches[1:]
+
+
+@pytest.mark.parametrize("arch", ["transformer_soft_small", "transformer_hard_dec_prenorm_small",
+                                  "transformer_cross_self_small", "transformer_aan_small"])
+def test_workers_give_one_processs_hypotheses_in_its_order(arch):
+    model, d = prepared_model(arch)
+    samples = batches_of(d)
+    serial = PluginBeamSearch([model], d, beam_size=3, max_len_b=8)
+    serial.model.models[0].decoding_workers = 1
+    alone = hypotheses_of(decode_as_fairseq_generate(serial, samples))
+    model.decoding_workers = 2
+    generator = PluginBeamSearch([model], d, beam_size=3, max_len_b=8)
+    together = hypotheses_of(decode_as_fairseq_generate(generator, samples))
+    pool = generator._pool
+    assert len(pool.processes) == 2 and all(p.pid != os.getpid() for p in pool.processes)
+    assert together == alone
+    generator.close_workers()
+    assert not any(p.is_alive() for p in pool.processes)
+
+
+def test_alignments_are_computed_in_the_workers_too():
+    model, d = prepared_model()
+    samples = batches_of(d, count=3)
+    found = {}
+    for count in (1, 2):
+        model.decoding_workers = count
+        generator = PluginBeamSearchWithAlignment([model], d, beam_size=2, max_len_b=6,
+                                                  print_alignment="hard")
+        found[count] = [[h["alignment"] for h in sentence]
+                        for batch in decode_as_fairseq_generate(generator, samples) for sentence in batch]
+        assert (generator.__dict__.get("_pool") is not None) == (count == 2)
+    assert found[1] == found[2]
+
+
+def test_one_batch_a_prefix_or_an_unprepared_model_decodes_here():
+    model, d = prepared_model()
+    samples = batches_of(d, count=3)
+    generator = PluginBeamSearch([model], d, beam_size=2, max_len_b=6)
+    with torch.no_grad():
+        generator.generate([model], samples[0])  # not from a lookahead source
+        for sample in iterators.CountingIterator(samples):  # a prefix: every call as it is
+            generator.generate([model], sample, prefix_tokens=torch.full((3, 1), 5))
+        decode_as_fairseq_generate(generator, samples[:1])  # the only batch
+    assert generator.__dict__.get("_pool") is None
+    model.prepared_for_inference = False  # training: --eval-bleu's weights change between calls
+    decode_as_fairseq_generate(generator, samples)
+    assert generator.__dict__.get("_pool") is None
+
+
+def test_a_workers_error_reaches_the_caller(monkeypatch):
+    model, d = prepared_model()
+    samples = batches_of(d, count=4)
+    bad = samples[2]["net_input"]["src_tokens"].clone()
+
+    def failing(self, models, sample, _original=PluginBeamSearch.serial_generate, **kwargs):
+        if torch.equal(sample["net_input"]["src_tokens"], bad):  # in a worker: inherited by the fork
+            raise ValueError("this batch fails")
+        return _original(self, models, sample, **kwargs)
+
+    monkeypatch.setattr(PluginBeamSearch, "serial_generate", failing)
+    generator = PluginBeamSearch([model], d, beam_size=2, max_len_b=6)
+    iterator = iterators.CountingIterator(samples)
+    with torch.no_grad():
+        for _ in range(2):
+            sample = next(iterator)
+            assert generator.generate([model], sample)
+        with pytest.raises(ValueError, match="this batch fails"):
+            generator.generate([model], next(iterator))
+    generator.close_workers()
+
+
+def test_a_dead_worker_is_replaced_by_this_process_with_one_warning(caplog):
+    model, d = prepared_model()
+    samples = batches_of(d, count=6)
+    model.decoding_workers = 1
+    alone = hypotheses_of(decode_as_fairseq_generate(PluginBeamSearch([model], d, beam_size=2, max_len_b=6),
+                                                     samples))
+    model.decoding_workers = 2
+    generator = PluginBeamSearch([model], d, beam_size=2, max_len_b=6)
+    found = []
+    with torch.no_grad():
+        for i, sample in enumerate(iterators.CountingIterator(samples)):
+            found.append(generator.generate([model], sample))
+            if i == 0:
+                for process in generator._pool.processes:
+                    process.kill()
+                    process.join()
+    assert hypotheses_of(found) == alone
+    warnings = [r.message for r in caplog.records if "decoding worker" in r.message]
+    assert len(warnings) == 1 and "decoding the remaining batches in this process" in warnings[0]
+
+
+def test_threads_decoding_with_one_model_and_one_generator_get_what_each_gets_alone():
+    """A threaded server: each input's hypotheses as decoded alone, however
+    the threads' steps interleave (each call keeps its own state; oneDNN's
+    packing is shared while any call runs)."""
+    model, d = prepared_model(decoding_workers=1)
+    samples = batches_of(d, count=6)
+    generator = PluginBeamSearch([model], d, beam_size=3, max_len_b=8)
+    with torch.no_grad():
+        alone = [hypotheses_of([generator.generate([model], s)]) for s in samples]
+    found = [None] * len(samples)
+
+    def decode(i):
+        with torch.no_grad():
+            for _ in range(3):
+                found[i] = hypotheses_of([generator.generate([model], samples[i])])
+                assert found[i] == alone[i]
+
+    threads = [threading.Thread(target=decode, args=(i,)) for i in range(len(samples))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert found == alone
+
+
+# --- through fairseq's tools ----------------------------------------------------
+
+
+def output_lines(stdout):
+    return [line for line in stdout.splitlines() if re.match(r"^[STHDP]-\d+\t", line)]
+
+
+def test_generate_interactive_and_the_hub_with_two_workers(trained_checkpoints, reorder_data):
+    soft = trained_checkpoints["soft"]
+    runs = {}
+    for count in (1, 2):
+        overrides = f"{{{ENGINE}, 'decoding_workers': {count}}}"
+        runs[count] = generate(reorder_data, soft, "--batch-size", 4, "--model-overrides", overrides)
+    assert output_lines(runs[2].stdout) == output_lines(runs[1].stdout)
+    assert len(re.findall(r"^H-", runs[2].stdout, re.M)) == 20
+    assert "in 2 worker processes of one thread each (--decoding-workers 2)" in runs[2].stderr
+    assert "worker processes" not in runs[1].stderr
+
+    lines = [" ".join(f"s{(i * 7 + j) % 9 + 1}" for j in range(3 + i % 4)) for i in range(12)]
+    found = {}
+    for count in (1, 2):
+        proc = interactive(reorder_data, soft, lines, "--buffer-size", 12, "--batch-size", 3,
+                           "--model-overrides", f"{{{ENGINE}, 'decoding_workers': {count}}}")
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        found[count] = output_lines(proc.stdout)
+        assert ("worker processes" in proc.stderr) == (count == 2)
+    assert found[2] == found[1] and len([l for l in found[1] if l.startswith("H-")]) == 12
+
+    translations = {}
+    for count in (1, 2):
+        hub = TransformerModel.from_pretrained(str(soft.parent), checkpoint_file=soft.name,
+                                               data_name_or_path=str(reorder_data), user_dir=USER_DIR,
+                                               decoding_engine="auto", decoding_workers=count,
+                                               batch_size=3)
+        translations[count] = hub.translate(lines, beam=3)
+    assert translations[2] == translations[1]
+
+
+def test_bad_decoding_workers_is_one_line(trained_checkpoints, reorder_data):
+    proc = generate(reorder_data, trained_checkpoints["hard"], "--model-overrides",
+                    "{'decoding_workers': 0}", check=False)
+    one_error_line(proc, "--decoding-workers must be 'auto' or a number >= 1, got 0")
+
+
+def test_training_never_starts_workers(reorder_data, tmp_path):
+    """--eval-bleu decodes the validation set with weights that change
+    between validations: no worker may hold an old copy."""
+    proc = train(reorder_data, tmp_path / "run", "transformer_soft", "--decoding-workers", "2",
+                 "--eval-bleu", "--eval-bleu-args", '{"beam": 2, "max_len_b": 6}', "--batch-size", "4",
+                 "--max-tokens", "200", updates=4)
+    assert "worker processes" not in proc.stdout + proc.stderr
