@@ -293,6 +293,45 @@ def test_the_step_kernel_attends_the_encoder_and_each_hypothesis_history(mode, p
     torch.testing.assert_close(out, torch.einsum("rhs,rshd->rhd", weights, history_v), rtol=1e-5, atol=1e-5)
 
 
+def test_the_kernels_split_rows_over_torchs_threads_with_the_same_sums():
+    """With two intra-op threads the step kernel and the candidates kernel
+    split their rows between them (torch's OpenMP pool), and give one
+    thread's results bit for bit; so does a whole search."""
+    from fairseq_hardattn.modules.lineage_decoding import MODES
+
+    g = torch.Generator().manual_seed(5)
+    rows, heads, dim, src_len = 64, 4, 32, 40
+    q = torch.randn(rows, heads, dim, generator=g)
+    src_k, src_v = torch.randn(2, rows // 4, heads, src_len, dim, generator=g)
+    source = (src_k, kernels.transposed_keys(src_k), src_v, None, 4)
+    logits = torch.randn(rows, 3000, generator=g)
+    columns, adds = torch.tensor([1, 3]), torch.tensor([math.nan, -1.0])
+    d = make_dictionary(40)
+    model = decisive_model("transformer_soft_small", d).float()
+    sample = sample_of(d, lengths=(9, 7, 6, 4, 3, 8) * 4)
+    found = {}
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            assert kernels.step_attention_threads(rows, heads, dim, src_len) == threads
+            steps = {}
+            for mode in ("soft", "hard", "topk"):
+                steps[mode] = torch.empty_like(q)
+                kernels.step_attention(q, dim ** -0.5, MODES[mode], 3, steps[mode], source=source)
+            generator = PluginBeamSearch([model], d, beam_size=4, max_len_b=12)
+            with torch.no_grad():
+                found[threads] = (steps, kernels.beam_candidates(logits, columns, adds, 8),
+                                  generator.generate([model], sample))
+    finally:
+        torch.set_num_threads(1)
+    for mode in ("soft", "hard", "topk"):
+        assert torch.equal(found[1][0][mode], found[2][0][mode])
+    assert all(torch.equal(a, b) for a, b in zip(found[1][1], found[2][1]))
+    for one, two in zip(found[1][2], found[2][2]):
+        assert [(h["tokens"].tolist(), h["score"].item()) for h in one] == \
+            [(h["tokens"].tolist(), h["score"].item()) for h in two]
+
+
 def test_top_k_beyond_the_kernels_k_takes_pytorchs_ops():
     """The step kernel keeps at most STEP_MAX_K best keys: a larger k attends
     through PyTorch's ops instead of failing mid-decoding."""

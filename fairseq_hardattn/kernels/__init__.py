@@ -7,7 +7,10 @@ encoder's, and lineage caches (``step_attention.c``).
 
 A build is cached under ``$FAIRSEQ_HARDATTN_KERNEL_DIR`` (default
 ``~/.cache/fairseq_hardattn/kernels``), keyed by the source, the compiler,
-its flags and the CPU (``-march=native``). Where no kernel can be built (no
+its flags and the CPU (``-march=native``). Kernels split their rows over
+torch's intra-op threads with OpenMP (``parallel_rows.h``: torch's own
+runtime, one thread pool for the process); where the compiler has no
+OpenMP they are built without it and run on one thread. Where no kernel can be built (no
 compiler, a failed build) the callers fall back to their PyTorch ops, with
 one warning; ``FAIRSEQ_HARDATTN_KERNELS=0`` turns the kernels off.
 """
@@ -31,8 +34,10 @@ SOURCE_DIR = Path(__file__).resolve().parent
 # reassociated float sums (vectorised reductions) but IEEE infinities and NaN
 # kept, and no -ffast-math: gcc < 13 would link crtfastmath.o into the
 # library, flushing denormals to zero in the whole process
-FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math",
+FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math",
          "-fassociative-math", "-fno-signed-zeros", "-std=c99", "-shared", "-fPIC")
+# OpenMP's threads where the compiler has it, else its simd pragmas only
+THREADING = (("-fopenmp",), ("-fopenmp-simd",))
 _loaded: Dict[str, Optional[ctypes.CDLL]] = {}
 
 
@@ -67,13 +72,22 @@ def _cpu_signature() -> bytes:
 def build(name: str) -> Path:
     """Compile ``<name>.c`` (cached) and return the shared library's path;
     raises RuntimeError naming the problem."""
-    source = SOURCE_DIR / f"{name}.c"
     cc = compiler()
     if cc is None:
         raise RuntimeError("no C compiler found (CC={!r}; install gcc or set CC)".format(os.environ.get("CC", "")))
+    for threading in THREADING[:-1]:
+        try:
+            return _build(name, cc, FLAGS + threading)
+        except RuntimeError:
+            pass
+    return _build(name, cc, FLAGS + THREADING[-1])
+
+
+def _build(name: str, cc: str, flags) -> Path:
+    source = SOURCE_DIR / f"{name}.c"
     headers = [path.read_bytes() for path in sorted(SOURCE_DIR.glob("*.h"))]  # what sources include
     key = hashlib.sha256(b"\0".join(
-        [source.read_bytes(), *headers, cc.encode(), " ".join(FLAGS).encode(), _cpu_signature()]
+        [source.read_bytes(), *headers, cc.encode(), " ".join(flags).encode(), _cpu_signature()]
     )).hexdigest()[:16]
     target = cache_dir() / f"{name}-{key}.so"
     if target.exists():
@@ -83,7 +97,7 @@ def build(name: str) -> Path:
     # workers, distributed ranks) never load a half-written library
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         partial = Path(tmp) / target.name
-        result = subprocess.run([cc, *FLAGS, "-o", str(partial), str(source), "-lm"],
+        result = subprocess.run([cc, *flags, "-o", str(partial), str(source), "-lm"],
                                 capture_output=True, text=True)
         if result.returncode != 0:
             raise RuntimeError(f"{cc} failed on {source.name}: {result.stderr.strip()[-2000:]}")
@@ -247,6 +261,13 @@ def step_attention(q: Tensor, scale: float, mode: int, k: int, out: Tensor,
         raise MemoryError("step_attention: could not allocate its scratch memory")
     if status != 0:
         raise ValueError(f"step_attention: k <= {STEP_MAX_K} and at least one position to attend")
+
+
+def step_attention_threads(rows: int, heads: int, dim: int, positions: int) -> int:
+    """The threads ``step_attention`` splits such a step over (torch's
+    intra-op threads where the step is large enough; 1 without OpenMP)."""
+    function = _function("step_attention", "step_attention_threads", [_i64] * 4, ctypes.c_int)
+    return function(rows, heads, dim, positions)
 
 
 SOURCE_BLOCK = 16  # step_attention.c's BLOCK

@@ -11,12 +11,14 @@
  * error ~2e-7 per term; the normaliser to ~1e-6).
  *
  * Ties keep the lower token index first. Rows are independent (no scratch
- * memory); the caller guarantees 1 <= K <= vocab.
+ * memory), split over the caller's OpenMP threads (parallel_rows.h); the
+ * caller guarantees 1 <= K <= vocab.
  */
 #include <math.h>
 #include <stdint.h>
 
 #include "exp_poly.h"
+#include "parallel_rows.h"
 #include "sorted_insert.h"
 
 #define BLOCK 64
@@ -51,15 +53,13 @@ static float max_of(const float *x, int64_t n) {
     return max;
 }
 
-/* logits: rows x vocab (row stride `stride`); cols/adds: the special columns
- * and what their value is for the choice (NAN: -inf); out: top_vals,
- * top_idx (rows x k), lse (rows) */
-void beam_candidates(const float *logits, int64_t rows, int64_t vocab, int64_t stride,
-                     const int64_t *cols, const float *adds, int64_t nspecial, int64_t k,
-                     float *top_vals, int64_t *top_idx, float *lse) {
+/* Rows [first, end) of beam_candidates. */
+static void candidate_rows(int64_t first, int64_t end, const float *logits, int64_t vocab,
+                           int64_t stride, const int64_t *cols, const float *adds, int64_t nspecial,
+                           int64_t k, float *top_vals, int64_t *top_idx, float *lse) {
     int64_t blocks = (vocab + BLOCK - 1) / BLOCK;
     float block_max[blocks], best_blocks[k];
-    for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t r = first; r < end; ++r) {
         const float *x = logits + r * stride;
         float *vals = top_vals + r * k;
         int64_t *idx = top_idx + r * k;
@@ -113,4 +113,25 @@ void beam_candidates(const float *logits, int64_t rows, int64_t vocab, int64_t s
         }
         lse[r] = max + logf(sum_exp(x, vocab, max));
     }
+}
+
+/* logits: rows x vocab (row stride `stride`); cols/adds: the special columns
+ * and what their value is for the choice (NAN: -inf); out: top_vals,
+ * top_idx (rows x k), lse (rows) */
+void beam_candidates(const float *logits, int64_t rows, int64_t vocab, int64_t stride,
+                     const int64_t *cols, const float *adds, int64_t nspecial, int64_t k,
+                     float *top_vals, int64_t *top_idx, float *lse) {
+    const int threads = row_threads(rows, 4, (double)vocab);
+    if (threads == 1) {
+        candidate_rows(0, rows, logits, vocab, stride, cols, adds, nspecial, k, top_vals, top_idx, lse);
+        return;
+    }
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads)
+    {
+        int64_t first, end;
+        row_share(rows, omp_get_thread_num(), omp_get_num_threads(), &first, &end);
+        candidate_rows(first, end, logits, vocab, stride, cols, adds, nspecial, k, top_vals, top_idx, lse);
+    }
+#endif
 }

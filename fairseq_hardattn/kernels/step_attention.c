@@ -32,6 +32,7 @@
 #include <stdlib.h>
 
 #include "exp_poly.h"
+#include "parallel_rows.h"
 #include "sorted_insert.h"
 
 enum { SOFT = 0, HARD = 1, TOPK = 2, LOCAL = 3 };
@@ -49,34 +50,29 @@ static inline void add_scaled(float *out, const float *v, float w, int64_t n) {
     for (int64_t d = 0; d < n; ++d) out[d] += w * v[d];
 }
 
-/* q, out: (rows, heads, dim).
- * Source (src_len > 0): src_keys, src_values with strides sentence_stride,
- * head_stride and src_position_stride in floats (the same for both); the
- * keys again as src_keys_t (sentences, heads, dim, src_len rounded up to
- * BLOCK), contiguous, zeros beyond src_len; src_padding (sentences, src_len) bytes,
- * nonzero where padded, or NULL; row r reads sentence r / group.
- * Lineage (length > 0): keys, values (capacity, rows0, heads, dim);
- * ancestors (rows, >= length) with row stride anc_stride.
- * LOCAL: centres (rows, heads), window and gaussian as above.
- * Returns 0; 1 where k > MAX_K or nothing is to be attended; 2 where its
- * scratch could not be allocated. */
-int step_attention(const float *q, int64_t rows, int64_t heads, int64_t dim,
-                   const float *src_keys, const float *src_keys_t, const float *src_values, int64_t sentence_stride,
-                   int64_t head_stride, int64_t src_position_stride,
-                   const uint8_t *src_padding, int64_t src_len, int64_t group,
-                   const float *keys, const float *values, const int64_t *ancestors,
-                   int64_t anc_stride, int64_t rows0, int64_t length,
-                   float scale, int mode, int64_t k, const float *centres, float window,
-                   float gaussian, float *out) {
+#define STEP_PARAMETERS                                                                          \
+    int64_t heads, int64_t dim, const float *src_keys, const float *src_keys_t,                   \
+        const float *src_values, int64_t sentence_stride, int64_t head_stride,                    \
+        int64_t src_position_stride, const uint8_t *src_padding, int64_t src_len, int64_t group, \
+        const float *keys, const float *values, const int64_t *ancestors, int64_t anc_stride,      \
+        int64_t rows0, int64_t length, float scale, int mode, int64_t k, const float *centres,     \
+        float window, float gaussian, float *out
+#define STEP_ARGUMENTS                                                                            \
+    heads, dim, src_keys, src_keys_t, src_values, sentence_stride, head_stride,                \
+        src_position_stride, src_padding, src_len, group, keys, values, ancestors, anc_stride,     \
+        rows0, length, scale, mode, k, centres, window, gaussian, out
+
+/* Rows [first, end) of the step (see step_attention); returns 0, or 2 where
+ * its scratch could not be allocated. */
+static int attend_rows(int64_t first, int64_t end, const float *q, STEP_PARAMETERS) {
     const int64_t positions = src_len + length;
-    if (positions < 1 || k > MAX_K) return 1;
     float *scores = malloc(heads * positions * sizeof *scores); /* [head][position]: scores, then weights */
     if (!scores) return 2;
     int64_t kept[MAX_K];
     float kept_scores[MAX_K];
     const int64_t position_stride = rows0 * heads * dim, block = heads * dim;
     const int64_t src_blocks = (src_len + BLOCK - 1) / BLOCK;
-    for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t r = first; r < end; ++r) {
         const float *query = q + r * block;
         float *o = out + r * block;
         const int64_t *anc = ancestors ? ancestors + r * anc_stride : 0;
@@ -217,4 +213,38 @@ int step_attention(const float *q, int64_t rows, int64_t heads, int64_t dim,
     }
     free(scores);
     return 0;
+}
+
+/* q, out: (rows, heads, dim).
+ * Source (src_len > 0): src_keys, src_values with strides sentence_stride,
+ * head_stride and src_position_stride in floats (the same for both); the
+ * keys again as src_keys_t (sentences, heads, dim, src_len rounded up to
+ * BLOCK), contiguous, zeros beyond src_len; src_padding (sentences, src_len) bytes,
+ * nonzero where padded, or NULL; row r reads sentence r / group.
+ * Lineage (length > 0): keys, values (capacity, rows0, heads, dim);
+ * ancestors (rows, >= length) with row stride anc_stride.
+ * LOCAL: centres (rows, heads), window and gaussian as above.
+ * Rows are split over the caller's OpenMP threads (parallel_rows.h); a
+ * row's sums run in the same order on any thread.
+ * Returns 0; 1 where k > MAX_K or nothing is to be attended; 2 where its
+ * scratch could not be allocated. */
+/* The threads a step of `rows` rows over `positions` positions runs on. */
+int step_attention_threads(int64_t rows, int64_t heads, int64_t dim, int64_t positions) {
+    return row_threads(rows, 4, (double)heads * dim * positions);
+}
+
+int step_attention(const float *q, int64_t rows, STEP_PARAMETERS) {
+    if (src_len + length < 1 || k > MAX_K) return 1;
+    const int threads = step_attention_threads(rows, heads, dim, src_len + length);
+    if (threads == 1) return attend_rows(0, rows, q, STEP_ARGUMENTS);
+    int status = 0;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads) reduction(max : status)
+    {
+        int64_t first, end;
+        row_share(rows, omp_get_thread_num(), omp_get_num_threads(), &first, &end);
+        status = attend_rows(first, end, q, STEP_ARGUMENTS);
+    }
+#endif
+    return status;
 }
