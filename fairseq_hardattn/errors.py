@@ -54,6 +54,12 @@ _INPUT_ERRORS = (
      _cuda_missing),
     (OSError, False, re.compile(r"Model file not found: (.*)"),
      lambda match: f"no checkpoint at {match.group(1)} (--path)"),
+    (AssertionError, False, re.compile(r"Sentences lengths should not exceed max_tokens=(\d+)"),
+     lambda match: f"--max-tokens {match.group(1)} is smaller than a sentence of the data set: "
+                   "raise it to hold the longest sentence"),
+    (Exception, True, re.compile(r"The dataset is empty"),
+     lambda match: "no batch to train on: every sentence was left out (longer than --max-tokens "
+                   "or the model's --max-source-positions / --max-target-positions?)"),
 )
 
 

@@ -10,7 +10,8 @@ Each piece names the fairseq behaviour it changes and is pinned by a test
   few such objects: the ``argparse.Namespace`` of legacy (``--arch``) models,
   numpy scalars/arrays where metrics were recorded (e.g. ``--eval-bleu`` with
   ``--best-checkpoint-metric bleu``). Rather than switching the protection off
-  for every load, we allow exactly those types.
+  for every load, we allow exactly those types (``startup_hook``, which does
+  the same for fairseq's commands run without this plugin).
 - The last batch of a data set: this fairseq build (ve-fairseq 0.12.3,
   upstream main of 2024-10) ends ``data_utils.batch_by_size`` with
   ``if bsz_mult > 1 and len(b[-1]) % bsz_mult != 0: b = b[:-1]``, so with the
@@ -99,23 +100,11 @@ def plain_args(args):
     return args
 
 
-_numpy_multiarray = getattr(numpy, "_core", None) or numpy.core  # numpy 2 / 1
-
-
 def _safe_globals():
-    allowed = [argparse.Namespace, PluginModelArgs, numpy.ndarray, numpy.dtype]
-    for name in ("_reconstruct", "scalar"):
-        fn = getattr(_numpy_multiarray.multiarray, name)
-        allowed.append(fn)
-        # checkpoints written under numpy 1 name the same functions numpy.core.*
-        allowed.append((fn, f"numpy.core.multiarray.{name}"))
-    dtypes = getattr(numpy, "dtypes", None)  # numpy >= 1.25
-    if dtypes is not None:
-        for name in ("Int64DType", "Int32DType", "Float64DType", "Float32DType",
-                     "Float16DType", "BoolDType"):
-            if hasattr(dtypes, name):
-                allowed.append(getattr(dtypes, name))
-    return allowed
+    """fairseq's (``startup_hook``), and this plugin's former options class."""
+    from .startup_hook import fairseq_safe_globals
+
+    return fairseq_safe_globals() + [PluginModelArgs]
 
 
 def _raised_by_torch_load(error: BaseException) -> bool:
@@ -123,21 +112,38 @@ def _raised_by_torch_load(error: BaseException) -> bool:
                for frame in traceback.extract_tb(error.__traceback__))
 
 
+def _checkpoints_in(directory, shown=6):
+    """' (the .pt files in it, the best and last first)', or that there is none."""
+    found = [name for name in os.listdir(directory) if name.endswith(".pt")]
+    if not found:
+        return " (there is none in it)"
+    first = ("checkpoint_best.pt", "checkpoint_last.pt")
+    number = lambda name: [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+    found = [n for n in first if n in found] + sorted((n for n in found if n not in first), key=number)
+    more = f" and {len(found) - shown} more" if len(found) > shown else ""
+    return f" ({', '.join(found[:shown])}{more})"
+
+
 def readable_checkpoints(load_checkpoint_to_cpu):
     """Wrap fairseq's ``load_checkpoint_to_cpu``: a file torch cannot unpickle
-    is a ``ConfigError`` naming it (the torch error chained to it)."""
+    is a ``ConfigError`` naming it (the torch error chained to it); and both
+    checkpoint formats take ``--model-overrides`` alike. fairseq sets the
+    overrides of a checkpoint in its older format (options as one
+    ``argparse.Namespace``, ``args``) on that Namespace without
+    ``overwrite_args_by_name``, where this plugin checks them and maps a
+    fairseq transformer to its own architecture, and every later reader
+    converts ``args`` again. So ``args`` gives way to the ``cfg`` fairseq
+    converts it to, and the overrides act on that ``cfg``, as on today's."""
 
     @functools.wraps(load_checkpoint_to_cpu)
-    def load(path, *args, **kwargs):
+    def load(path, arg_overrides=None, load_on_all_ranks=False):
         if os.path.isdir(path):
-            found = sorted(name for name in os.listdir(path) if name.endswith(".pt"))
-            hint = f" ({', '.join(found[:4])})" if found else " (there is none in it)"
             raise ConfigError(f"the checkpoint {path} is a directory: give a checkpoint file "
-                              f"in it{hint}")
+                              f"in it{_checkpoints_in(path)}")
         if os.path.isfile(path) and os.path.getsize(path) == 0:
             raise ConfigError(f"the checkpoint {path} is an empty file")
         try:
-            return load_checkpoint_to_cpu(path, *args, **kwargs)
+            state = load_checkpoint_to_cpu(path, None, load_on_all_ranks)
         except Exception as error:
             if isinstance(error, ConfigError) or not _raised_by_torch_load(error):
                 raise
@@ -146,6 +152,11 @@ def readable_checkpoints(load_checkpoint_to_cpu):
                 f"cannot read the checkpoint {path}: it is truncated or not a fairseq "
                 f"checkpoint ({type(error).__name__}{': ' + detail[:160] if detail else ''})"
             ) from error
+        if state.get("args") is not None:  # converted to state["cfg"] by fairseq's upgrade
+            state["args"] = None
+        if arg_overrides is not None:
+            checkpoint_utils.overwrite_args_by_name(state["cfg"], arg_overrides)
+        return state
 
     return load
 
@@ -474,6 +485,9 @@ def plugin_search_routed(build_generator):
     @functools.wraps(build_generator)
     def build(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None,
               prefix_allowed_tokens_fn=None):
+        beam = getattr(args, "beam", 1)
+        if beam < 1:  # fairseq fails mid-search ("cannot reshape tensor of 0 elements")
+            raise ConfigError(f"--beam must be >= 1, got {beam}")
         if seq_gen_cls is None:
             from .generation import generator_class
 
@@ -521,6 +535,43 @@ def one_line_usage_errors(error):
         self.exit(2, f"fairseq-hardattn: error: {message} (--help lists the options)\n")
 
     return one_line
+
+
+def _arch_in(argv):
+    for i, arg in enumerate(argv):
+        if arg in ("--arch", "-a") and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--arch="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def model_options_in_help(parse_known_args):
+    """Wrap ``argparse.ArgumentParser.parse_known_args`` for fairseq's parsers:
+    fairseq adds a model's options to its parser only after a first parse,
+    which ``--help`` ends, so ``fairseq-train --arch A --help`` listed none
+    of them. For this plugin's architectures they are added before that
+    parse, in two groups: fairseq's Transformer options and this plugin's."""
+
+    @functools.wraps(parse_known_args)
+    def parse(self, args=None, namespace=None):
+        argv = sys.argv[1:] if args is None else list(args)
+        if (_is_fairseq_parser(self) and ("-h" in argv or "--help" in argv)
+                and not getattr(self, "_fairseq_hardattn_model_help", False)):
+            model_class = _model_class(_arch_in(argv))
+            if _is_plugin(model_class):
+                self._fairseq_hardattn_model_help = True
+                every = argparse.ArgumentParser(add_help=False)
+                model_class.add_args(every)
+                fairseq_own = _fairseq_transformer_options()
+                groups = (self.add_argument_group("Model configuration (fairseq's Transformer)"),
+                          self.add_argument_group(f"Model configuration (fairseq-hardattn, "
+                                                  f"{_arch_in(argv)})"))
+                for action in every._actions:
+                    groups[action.dest not in fairseq_own]._add_action(action)
+        return parse_known_args(self, args, namespace)
+
+    return parse
 
 
 # --- noise ------------------------------------------------------------------
@@ -572,6 +623,7 @@ def install():
 
     _wrap(FairseqTask, "build_generator", plugin_search_routed)
     _wrap(argparse.ArgumentParser, "error", one_line_usage_errors)
+    _wrap(argparse.ArgumentParser, "parse_known_args", model_options_in_help)
     import fairseq_cli.interactive
 
     _wrap(fairseq_cli.interactive, "make_batches",

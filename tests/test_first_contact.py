@@ -182,3 +182,59 @@ def test_quickstart_prints_the_error_of_a_failing_step(reorder_data, tmp_path):
                               str(tmp_path / "work2")], env=tool_env(VALID="val"),
                              capture_output=True, text=True, timeout=60)
     assert missing.returncode == 2 and f"missing {raw}/val.src" in missing.stderr
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--beam", 0], "--beam must be >= 1, got 0"),
+    (["--beam", -2], "--beam must be >= 1, got -2"),
+    (["--max-tokens", 5, "--batch-size", 100], "--max-tokens 5 is smaller than a sentence of the data set"),
+])
+def test_impossible_decoding_settings_are_one_line(trained_checkpoints, reorder_data, flags, expected):
+    one_error_line(generate(reorder_data, trained_checkpoints["hard"], *flags, check=False), expected)
+
+
+def test_training_with_max_tokens_below_every_sentence_is_one_line(reorder_data, tmp_path):
+    flags = [f for f in TRAIN_FLAGS]
+    flags[flags.index("--max-tokens") + 1] = "3"
+    proc = run_cli("fairseq-train", reorder_data, "--arch", "transformer_hard_dec", *flags,
+                   *TINY_DIM_FLAGS, "--max-update", 1, "--save-dir", tmp_path, check=False)
+    one_error_line(proc, "every sentence was left out")
+
+
+def test_a_checkpoint_directory_names_its_best_and_last_checkpoints_first(trained_checkpoints, reorder_data,
+                                                                        tmp_path):
+    for name in ("checkpoint1.pt", "checkpoint2.pt", "checkpoint10.pt", "checkpoint_best.pt",
+                 "checkpoint_last.pt"):
+        (tmp_path / name).write_bytes(b"x")
+    one_error_line(generate(reorder_data, tmp_path, check=False),
+                   "(checkpoint_best.pt, checkpoint_last.pt, checkpoint1.pt, checkpoint2.pt, checkpoint10.pt)")
+
+
+def test_train_help_lists_the_plugins_options_for_its_architectures(reorder_data):
+    proc = run_cli("fairseq-train", reorder_data, "--user-dir", USER_DIR, "--arch",
+                   "transformer_topk_dec_small", "--help")
+    groups = re.split(r"\n(?=\S.*:\n)", proc.stdout)
+    ours = next(g for g in groups if g.startswith("Model configuration (fairseq-hardattn, "
+                                                  "transformer_topk_dec_small)"))
+    fairseqs = next(g for g in groups if g.startswith("Model configuration (fairseq's Transformer)"))
+    for option in ("--retrieval-k", "--dec-self-attn-kind", "--decoding-engine", "--int8-decoding",
+                   "--decoding-workers", "--hard-train-retrieval"):
+        assert option in ours and option not in fairseqs
+    assert "--encoder-layers" in fairseqs and "--encoder-layers" not in ours
+
+
+def test_int8_decoding_says_so_and_a_soft_checkpoint_decoded_hard_warns_of_nothing(trained_checkpoints,
+                                                                                reorder_data):
+    soft = trained_checkpoints["soft"]
+    int8 = generate(reorder_data, soft, "--model-overrides", "{'int8_decoding': True}")
+    assert re.search(r"int8 decoding \(--int8-decoding\): \d+ Linear layers quantized", int8.stderr)
+    hard = generate(reorder_data, soft, "--model-overrides", HARD_KINDS)
+    assert "WARNING" not in hard.stderr, hard.stderr[-2000:]
+
+
+def test_python_m_fairseq_hardattn_answers_help_and_version():
+    run = lambda *args: subprocess.run([sys.executable, "-m", "fairseq_hardattn", *args], env=tool_env(),
+                                       capture_output=True, text=True, cwd="/")
+    assert re.fullmatch(r"fairseq-hardattn \S+\n", run("--version").stdout)
+    assert "the value of fairseq's --user-dir" in run("--help").stdout
+    assert run().stdout.strip() == USER_DIR

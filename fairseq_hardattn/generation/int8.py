@@ -10,12 +10,15 @@ Applied when fairseq's tools prepare the model for decoding
 (``prepare_for_inference_``); a quantized model decodes only."""
 
 import ctypes
+import logging
 import warnings
 
 import torch
 from torch import nn
 
 from ..errors import ConfigError
+
+logger = logging.getLogger(__name__)
 
 
 def check_int8_decoding(model, cfg=None):
@@ -107,9 +110,12 @@ def quantize_for_decoding(model):
         return model
     check_int8_decoding(model)
     layers_engine, output_projection_engine = packing_engines()
+    layers = sum(isinstance(m, nn.Linear) for m in model.modules())
     if isinstance(_submodule(model, OUTPUT_PROJECTION), nn.Linear):
         pack_int8(model, {OUTPUT_PROJECTION}, output_projection_engine)
     pack_int8(model, {nn.Linear}, layers_engine)
     model.int8_quantized = True
+    logger.info("int8 decoding (--int8-decoding): %d Linear layers quantized, int8 weights packed for "
+                "%s (the output projection for %s)", layers, layers_engine, output_projection_engine)
     keep_large_blocks_in_the_heap()
     return model

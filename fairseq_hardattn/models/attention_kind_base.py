@@ -99,6 +99,11 @@ def warn_if_preset_overruled(args):
     name = getattr(args, "_name", None)
     if not name or name == getattr(args, "arch", name) or name not in ARCH_CONFIG_REGISTRY:
         return
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    trained_as = ARCH_MODEL_REGISTRY.get(getattr(args, "arch", None))
+    if trained_as is None or not trained_as.__module__.startswith(__name__.split(".")[0] + "."):
+        return  # fairseq's own model: its kinds are the overrides', nothing was overruled
     preset = argparse.Namespace()
     ARCH_CONFIG_REGISTRY[name](preset)
     differing = {option: getattr(args, option) for option in ATTENTION_KIND_OPTIONS
