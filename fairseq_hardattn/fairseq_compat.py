@@ -232,25 +232,37 @@ def _model_class(name):
     return ARCH_MODEL_REGISTRY.get(name) or MODEL_REGISTRY.get(name)
 
 
-# the plugin's architecture that decodes a fairseq `transformer` checkpoint
-# when overrides ask for the plugin's options: the same parameters, soft
-# attention unless the overrides say otherwise (tests/test_cli.py)
+# the plugin's architecture that decodes a checkpoint of fairseq's `transformer`
+# family: the same parameters, soft attention unless the overrides say otherwise
+# (tests/test_fairseq_transformers.py)
 FAIRSEQ_TRANSFORMER_AS = "transformer_soft"
+# fairseq transformer options the plugin's layers do not build as fairseq does
+FAIRSEQ_ONLY_OPTIONS = {"cross_self_attention": "--cross-self-attention (fairseq's own)"}
 
 
 def plugin_architecture_for(cfg, overrides):
-    """For a checkpoint of fairseq's own ``TransformerModel`` whose overrides
-    name options of this plugin (attention kinds, k, the decoding engine):
-    the plugin architecture that decodes it (``FAIRSEQ_TRANSFORMER_AS``), so
-    the overrides apply instead of being set on a model that never reads
-    them. None otherwise."""
+    """For a checkpoint of fairseq's own ``TransformerModel`` (every preset of
+    its ``transformer`` family) decoded with overrides (fairseq-generate,
+    -interactive, the hub): the plugin architecture that decodes it
+    (``FAIRSEQ_TRANSFORMER_AS``), so that the plugin's engine decodes it and
+    the overrides apply; None otherwise, or where the checkpoint uses an
+    option the plugin's layers lack (``FAIRSEQ_ONLY_OPTIONS``: fairseq's
+    model and generator then, said in one line)."""
     from fairseq.models.transformer import TransformerModel
 
     if _model_class(_model_name(cfg, overrides)) is not TransformerModel:
         return None
     per_class, ours = plugin_options()
+    model = cfg.get("model") if hasattr(cfg, "get") else None
+    lacking = [what for option, what in FAIRSEQ_ONLY_OPTIONS.items()
+               if overrides.get(option, getattr(model, option, False))]
     wanted = sorted(key for key in overrides if key in ours)
-    if not wanted:
+    if lacking:
+        if wanted:
+            raise ConfigError(f"--model-overrides {wanted[0]!r}: the checkpoint uses {lacking[0]}, which the "
+                              f"plugin's models do not build; decode it without the plugin's options")
+        logger.info("the checkpoint uses %s, which the plugin's engine lacks: decoding with fairseq's "
+                    "model and generator", lacking[0])
         return None
     unread = [key for key in wanted if key not in per_class[_model_class(FAIRSEQ_TRANSFORMER_AS)]]
     if unread:
@@ -310,9 +322,9 @@ def checked_overrides(overwrite_args_by_name):
             return result
         if plugin_arch is not None:
             # the model group only: an `_name` override would rename every group (the task's too)
-            logger.info("decoding the fairseq %s checkpoint as the plugin's %s (the same "
-                        "parameters) to apply --model-overrides %s",
-                        _model_name(cfg, overrides), plugin_arch, sorted(overrides))
+            logger.info("decoding the fairseq %s checkpoint as the plugin's %s (the same parameters: "
+                        "the plugin's engine; --model-overrides \"{'decoding_engine': 'fairseq'}\" "
+                        "for fairseq's generator)", _model_name(cfg, overrides), plugin_arch)
             model._name = plugin_arch
         settle = getattr(_model_class(_model_name(cfg, {})), "settle_overrides", None)
         if settle is not None:

@@ -38,7 +38,8 @@ DECODES = (architectures.DECODES + hard_parity.DECODES + conversion.DECODES + fl
            + beam_settings.DECODES + topk.DECODES + speed.DECODES)
 # every CPU benchmark scripts/results.sh runs (after all training), and what each output shows
 # (speed.OUTPUTS describes speed.py's own benchmarks; these the other studies' and speed.py's GENERATE_TRAINED)
-_SELF_DESCRIBED = (speed.GENERATE_TRAINED,) + topk.BENCHMARKS + (architectures.HEADLINE_SPEED,)
+_SELF_DESCRIBED = (speed.GENERATE_TRAINED,) + topk.BENCHMARKS + (architectures.HEADLINE_SPEED,
+                                                                 architectures.HEADLINE_SPEED_CORES)
 BENCHMARKS = speed.BENCHMARKS + ENGINE_BENCHMARKS + _SELF_DESCRIBED
 OUTPUTS = {**speed.OUTPUTS, **{b.name: b.what for b in _SELF_DESCRIBED}}
 

@@ -75,8 +75,9 @@ def build_parser():
                    help=f"as fairseq-generate's (default {GENERATE_MAX_LEN[1]})")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--threads", type=int, default=1,
-                   help="threads of each system (more than one: each system in its own process)")
+    p.add_argument("--threads", type=threads_arg, default=1,
+                   help="threads of each system, or 'all': the cores this process may use (more "
+                        "than one: each system in its own process)")
     p.add_argument("--workers", metavar="N",
                    help="the plugin's models: batches decoded at once (--decoding-workers: 'auto' "
                         "or N; default: each model's own, auto)")
@@ -97,6 +98,12 @@ def build_parser():
     p.add_argument("--json", help="write the results here")
     p.add_argument("--markdown", help="write the table here")
     return p
+
+
+def threads_arg(text: str) -> int:
+    if text == "all":
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return int(text)
 
 
 def max_len_of(args):
@@ -217,7 +224,7 @@ def main(argv=None):
         log("attention sublayer shares (one profiled pass per model)")
         shares = profile_sublayers(models, dictionary, batches, args.beam, args.fixed_output_len,
                                    max_len_of(args))
-    settings = {k: v for k, v in vars(args).items() if k not in ("json", "markdown")}
+    settings = {k: v for k, v in vars(args).items() if k not in ("json", "markdown", "only", "timings_json")}
     settings["torch"] = torch.__version__
     settings["device_name"] = device_name(args.device)
     settings["sentences"] = sum(b["nsentences"] for b in batches)

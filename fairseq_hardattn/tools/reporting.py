@@ -93,4 +93,18 @@ def markdown_table(result):
             cells += [f"{r['train_target_tokens_per_s_median']:.0f}", f"{r['train_speed_ratio']:.2f}x"] \
                 if "train_speed_ratio" in r else ["—", "—"]
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return "\n".join(lines + [caption(result["settings"])])
+
+
+def caption(settings) -> str:
+    """The machine and the cores a table was measured on, under it."""
+    where = settings.get("device_name") or settings.get("device", "")
+    if settings.get("device", "cpu") != "cpu":
+        return f"\n{where}."
+    threads = settings.get("threads", 1)
+    how = (f"{threads} threads, each system in a process of its own" if threads > 1
+           else "one thread, side by side in one process")
+    workers = settings.get("workers")
+    if workers is not None:
+        how += f", the plugin's models with --decoding-workers {workers}"
+    return f"\n{where}, {how}."

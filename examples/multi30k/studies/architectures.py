@@ -99,15 +99,17 @@ HEADLINES = (
 HEADLINE_PEERS = ("transformer", "ctranslate2")
 
 
-def _headline_models() -> str:
-    args = ["--arch transformer=transformer", "--ctranslate2 ctranslate2=transformer:float32",
-            "--ctranslate2 ctranslate2_int8=transformer:int8"]
+def _headline_models(int8=True) -> str:
+    args = ["--arch transformer=transformer", "--ctranslate2 ctranslate2=transformer:float32"]
+    if int8:
+        args.append("--ctranslate2 ctranslate2_int8=transformer:int8")
     for preset in (h.preset for h in HEADLINES if h.preset not in HEADLINE_PEERS):
         # flexible attention's threshold rule reads the mean source length (the benchmark's sources)
         own = "'flexible_mean_source_length':30.0" if "flexible" in preset else ""
         args.append(f"--arch {preset}={preset}" + (f" --override {preset}={{{own}}}" if own else ""))
-        args.append(f"--arch {preset}_int8={preset} --override {preset}_int8="
-                    + "{" + ",".join(filter(None, (own, "'int8_decoding':True"))) + "}")
+        if int8:
+            args.append(f"--arch {preset}_int8={preset} --override {preset}_int8="
+                        + "{" + ",".join(filter(None, (own, "'int8_decoding':True"))) + "}")
     return " ".join(args)
 
 
@@ -119,3 +121,11 @@ HEADLINE_SPEED = Benchmark(
     "beside fairseq's transformer and CTranslate2 (small preset, random weights, 30 tokens)",
     f"{_headline_models()} --dims small --vocab 10000 --src-len 30 --num-sentences 256 --batch-size 64 "
     "--fixed-output-len 30 --beam 4 --reps 3 --threads 1 --baseline transformer")
+# the same presets (fp32) on all the cores, as fairseq-generate decodes by default
+# (--decoding-workers auto), each system in a process of its own: whether each
+# keeps its one-thread ratio to soft there
+HEADLINE_SPEED_CORES = Benchmark(
+    "speed_headline_cores", "speed_headline's fp32 presets on all the cores (each system in its own "
+    "process; the plugin's with its default decoding workers)",
+    f"{_headline_models(int8=False)} --dims small --vocab 10000 --src-len 30 --num-sentences 256 "
+    "--batch-size 64 --fixed-output-len 30 --beam 4 --reps 3 --threads all --baseline transformer")

@@ -154,6 +154,29 @@ ENGINE_BENCHMARKS += (
                      "soft, Base dims, 100 tokens", "preset", 100, 32, 32, 3, _SHARES, "soft"),
 )
 
+# the same on every core this machine lends a process (issue 68): the plugin's
+# models as fairseq-generate runs them by default (--decoding-workers auto),
+# fairseq's generator on all the threads, CTranslate2 in both of its
+# configurations (intra-op threads; a batch per thread), each system in a
+# process of its own; at least four batches per run
+def engine_cores_benchmark(name: str, what: str, dims: str, src_len: int, sentences: int, batch: int,
+                           reps: int) -> Benchmark:
+    one_thread = engine_benchmark(name, what, dims, src_len, sentences, batch, reps)
+    return Benchmark(name, what, one_thread.args.replace("--threads 1", "--threads all"))
+
+
+ENGINE_BENCHMARKS += (
+    engine_cores_benchmark("speed_engine_cores_small", "the decoding engine on all the cores, small dims, "
+                           "30 tokens, beside fairseq and CTranslate2's two configurations",
+                           "small", 30, 512, 64, 3),
+    engine_cores_benchmark("speed_engine_cores_base", "the decoding engine on all the cores, Base dims, "
+                           "30 tokens", "preset", 30, 128, 32, 3),
+    engine_cores_benchmark("speed_engine_cores_small_100tok", "the decoding engine on all the cores, small "
+                           "dims, 100 tokens", "small", 100, 256, 64, 3),
+    engine_cores_benchmark("speed_engine_cores_base_100tok", "the decoding engine on all the cores, Base "
+                           "dims, 100 tokens", "preset", 100, 64, 16, 3),
+)
+
 # fairseq-generate's decoding on trained checkpoints (test2016, natural lengths,
 # beam 4, batch 64, one thread): each architecture with the plugin's search and,
 # the same checkpoint, with fairseq's generator (the decodes below: their BLEU is
