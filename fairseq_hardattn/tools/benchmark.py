@@ -100,6 +100,10 @@ def build_parser():
     return p
 
 
+# this module, as the isolated runs' children run it (also when it runs as __main__)
+MODULE = "fairseq_hardattn.tools.benchmark"
+
+
 def threads_arg(text: str) -> int:
     if text == "all":
         return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -128,7 +132,7 @@ def run_isolated(argv, systems, args, log):
         for rep in range(args.reps):
             order = systems[rep % len(systems):] + systems[:rep % len(systems)]
             for name in order:
-                subprocess.run([sys.executable, "-m", __name__, *argv, "--only", name, "--reps", "1",
+                subprocess.run([sys.executable, "-m", MODULE, *argv, "--only", name, "--reps", "1",
                                 "--timings-json", path], env=env, check=True, stdout=subprocess.DEVNULL)
                 with open(path) as f:
                     timing = json.load(f)[name]
