@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 TORCH_PIN := torch==2.13.0
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: demo test venv clean
+.PHONY: demo test venv clean sanitize
 
 venv: $(STAMP)
 
@@ -27,6 +27,10 @@ demo: $(STAMP)
 # two workers (one per core); tests marked with one xdist_group stay together
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadgroup tests $(TEST_ARGS)
+
+# the C kernels under AddressSanitizer and UndefinedBehaviorSanitizer (before a change to them ships)
+sanitize: $(STAMP)
+	bash scripts/sanitize_kernels.sh $(PY) $(TEST_ARGS)
 
 clean:
 	rm -rf demo_work .pytest_cache

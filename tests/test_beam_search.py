@@ -206,6 +206,63 @@ def test_alignments_are_fairseqs(arch):
     assert_same_hypotheses(ours, theirs)
 
 
+@pytest.mark.parametrize("archs", [
+    ("transformer_soft_small", "transformer_soft_small"),
+    ("transformer_soft_small", "transformer_hard_dec_prenorm_small", "transformer_cross_self_small"),
+    ("transformer_aan_small", "transformer_flexible_small", "transformer_topk_dec_small"),
+], ids=["two soft", "soft, hard, cross+self", "aan, flexible, top-k"])
+@pytest.mark.parametrize("option", ["", "temperature", "min_len", "unk_penalty"])
+def test_ensembles_decode_fairseqs_hypotheses(archs, option):
+    """fairseq's EnsembleModel: the mean of the models' probabilities (not
+    renormalised), the same search; each model with its own caches."""
+    d = make_dictionary(40)
+    models = []
+    for seed, arch in enumerate(archs):
+        model = decisive_model(arch, d, flexible_mean_source_length=6.0).float()
+        torch.manual_seed(seed + 1)
+        with torch.no_grad():  # another model from the first of its architecture
+            for parameter in model.parameters():
+                parameter.add_(0.05 * torch.randn_like(parameter))
+        models.append(model)
+    options = {"": {}, "temperature": dict(temperature=1.5), "min_len": dict(min_len=5),
+               "unk_penalty": dict(unk_penalty=2.0)}[option]
+    assert generator_class(models, argparse.Namespace())[0] is PluginBeamSearch
+    sample = sample_of(d)
+    found = []
+    for cls in (PluginBeamSearch, SequenceGenerator):
+        with torch.no_grad():
+            found.append(cls(models, d, beam_size=4, max_len_b=12, **options).generate(models, sample))
+    assert_same_hypotheses(*found)
+
+
+def test_hard_alignments_of_every_row_at_once_are_fairseqs():
+    """--print-alignment's pairs for a whole batch at once, against fairseq's
+    extract_hard_alignment row by row: pad and EOS on both sides, ties (the
+    first strongest source token), a target of EOS alone, a source of only
+    pad and EOS."""
+    from fairseq import utils
+
+    from fairseq_hardattn.generation.beam_search import hard_alignments
+
+    g = torch.Generator().manual_seed(3)
+    pad, eos, rows, tgt_len, src_len = 1, 2, 40, 7, 9
+    src = torch.randint(3, 12, (rows, src_len), generator=g)
+    tgt = torch.randint(3, 12, (rows, tgt_len), generator=g)
+    for row in range(rows):
+        src[row, :row % 4] = pad  # left padding
+        src[row, -1] = eos
+        tgt[row, tgt_len - 1 - row % 3:] = pad
+        tgt[row, tgt_len - 2 - row % 3] = eos
+    tgt[0] = pad
+    tgt[0, 0] = eos
+    src[1] = pad
+    src[1, -1] = eos
+    attention = torch.randint(0, 4, (rows, tgt_len, src_len), generator=g).float()  # many ties
+    expected = [utils.extract_hard_alignment(attention[r], src[r], tgt[r], pad, eos) for r in range(rows)]
+    assert hard_alignments(attention, src, tgt, pad, eos) == expected
+    assert expected[0] == expected[1] == [] and all(expected[2:])
+
+
 @pytest.mark.parametrize("options, reason", [
     (dict(sampling=True), "--sampling"),
     (dict(diverse_beam_groups=2), "--diverse-beam-groups"),

@@ -202,6 +202,30 @@ def test_threads_decoding_with_one_model_and_one_generator_get_what_each_gets_al
     assert found == alone
 
 
+def test_threads_asking_for_workers_at_once_each_get_one_processs_hypotheses():
+    """A threaded server whose model asks for workers: a thread forks only
+    while no other decodes; every thread's batches decode as one process's."""
+    model, d = prepared_model(decoding_workers=1)
+    runs = [batches_of(d, count=4, seed=10 * t) for t in range(3)]
+    alone = [hypotheses_of(decode_as_fairseq_generate(PluginBeamSearch([model], d, beam_size=3, max_len_b=8),
+                                                      samples)) for samples in runs]
+    model.decoding_workers = 2
+    found, generators = [None] * len(runs), [None] * len(runs)
+
+    def decode(t):
+        generators[t] = PluginBeamSearch([model], d, beam_size=3, max_len_b=8)
+        found[t] = hypotheses_of(decode_as_fairseq_generate(generators[t], runs[t]))
+
+    threads = [threading.Thread(target=decode, args=(t,)) for t in range(len(runs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert found == alone
+    for generator in generators:
+        generator.close_workers()
+
+
 # --- through fairseq's tools ----------------------------------------------------
 
 

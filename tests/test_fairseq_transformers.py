@@ -8,6 +8,7 @@ runs fairseq's model and generator, said in one line."""
 import argparse
 import copy
 import logging
+import re
 
 import pytest
 import torch
@@ -101,3 +102,22 @@ def test_a_fairseq_checkpoint_decodes_with_the_engine_by_default(trained_checkpo
     assert "decoding the fairseq transformer checkpoint as the plugin's transformer_soft" in default.stderr
     fairseqs = generate(reorder_data, soft, "--model-overrides", "{'decoding_engine': 'fairseq'}")
     assert "H-0" in default.stdout and "H-0" in fairseqs.stdout
+
+
+def test_an_ensemble_decodes_with_the_engine_through_generate(trained_checkpoints, reorder_data, caplog):
+    """--path a.pt:b.pt (fairseq's published WMT models are used so): the
+    plugin's search, not fairseq's generator; and through the hub."""
+    from fairseq.models.transformer import TransformerModel
+
+    from conftest import USER_DIR
+
+    ensemble = f"{trained_checkpoints['soft']}:{trained_checkpoints['hard']}"
+    proc = generate(reorder_data, ensemble)
+    assert "does not run" not in proc.stderr and len(re.findall(r"^H-", proc.stdout, re.M)) == 20
+    hub = TransformerModel.from_pretrained(
+        str(trained_checkpoints["soft"].parent.parent), data_name_or_path=str(reorder_data), user_dir=USER_DIR,
+        checkpoint_file=f"soft/checkpoint_last.pt:hard/checkpoint_last.pt")
+    assert len(hub.models) == 2
+    with caplog.at_level(logging.INFO):
+        assert hub.translate("s1 s2 s3", beam=2)
+    assert not any("does not run" in r.message for r in caplog.records)

@@ -33,6 +33,7 @@ def generator_class(models, args, extra_gen_cls_kwargs=None, prefix_allowed_toke
     extra = dict(extra_gen_cls_kwargs or {})
     if getattr(args, "print_alignment", False):
         extra["print_alignment"] = args.print_alignment
+        extra["aligned_nbest"] = max(1, getattr(args, "nbest", 1) or 1)
         return PluginBeamSearchWithAlignment, extra
     return PluginBeamSearch, extra
 

@@ -27,11 +27,13 @@ search supports (``SUPPORTED``); the others run fairseq's generator
 (``fallback_reason``). ``tests/test_beam_search.py`` compares both.
 """
 
+import contextlib
 import math
 from typing import Dict, List, Optional
 
 import torch
-from fairseq import search
+from fairseq import search, utils
+from fairseq.data import data_utils
 from fairseq.sequence_generator import SequenceGenerator, SequenceGeneratorWithAlignment
 from torch import Tensor, nn
 
@@ -44,7 +46,8 @@ from .workers import ParallelBatches
 
 class PluginBeamSearch(ParallelBatches, SequenceGenerator):
     """fairseq's ``SequenceGenerator`` (same constructor, ``generate`` and
-    output) whose search is this module's. One model (no ensembles), beam
+    output) whose search is this module's: one model, or an ensemble (the
+    mean of its models' probabilities, as fairseq's ``EnsembleModel``), beam
     search (no sampling or other strategies): ``fallback_reason`` says why a
     configuration runs fairseq's generator instead. Several batches decode
     at once in worker processes where the caller iterates them
@@ -55,9 +58,8 @@ class PluginBeamSearch(ParallelBatches, SequenceGenerator):
 
     def __init__(self, models, tgt_dict, **kwargs):
         super().__init__(models, tgt_dict, **kwargs)
-        if type(self.search) is not search.BeamSearch or self.model.models_size != 1 \
-                or self.lm_model is not None:
-            raise ValueError("PluginBeamSearch runs plain beam search with one model "
+        if type(self.search) is not search.BeamSearch or self.lm_model is not None:
+            raise ValueError("PluginBeamSearch runs plain beam search "
                              "(fallback_reason names what else needs fairseq's generator)")
 
     @torch.no_grad()
@@ -65,13 +67,14 @@ class PluginBeamSearch(ParallelBatches, SequenceGenerator):
                   constraints: Optional[Tensor] = None, bos_token: Optional[int] = None):
         if constraints is not None:
             raise NotImplementedError("constraints need fairseq's generator")
-        model = self.model.single_model
-        # on a CPU, the large float32 Linear layers on oneDNN's prepacked kernels
-        with packed_linears(model) as packed_layers:
-            return self._search(model, sample, prefix_tokens, bos_token, StepLogits(model, packed_layers))
+        with contextlib.ExitStack() as packing:
+            # on a CPU, the large float32 Linear layers on oneDNN's prepacked kernels
+            steps = [StepLogits(model, packing.enter_context(packed_linears(model)))
+                     for model in self.model.models]
+            return self._search(sample, prefix_tokens, bos_token, steps)
 
-    def _search(self, model, sample: Dict[str, Dict[str, Tensor]], prefix_tokens: Optional[Tensor],
-                bos_token: Optional[int], step_logits: "StepLogits"):
+    def _search(self, sample: Dict[str, Dict[str, Tensor]], prefix_tokens: Optional[Tensor],
+                bos_token: Optional[int], steps: List["StepLogits"]):
         net_input = sample["net_input"]
         src_tokens = net_input["src_tokens"]
         if "src_lengths" in net_input:
@@ -87,21 +90,13 @@ class PluginBeamSearch(ParallelBatches, SequenceGenerator):
             max_len = min(int(self.max_len_a * src_len + self.max_len_b), self.max_len - 1)
         assert self.min_len <= max_len, "min_len cannot be larger than max_len, please adjust these!"
 
-        sentence_encoder_out = model.encoder.forward_torchscript(net_input)
         expand = torch.arange(bsz, device=device).repeat_interleave(beam)
-        encoder_out = model.encoder.reorder_encoder_out(sentence_encoder_out, expand)
-        incremental_state: Dict[str, Dict[str, Optional[Tensor]]] = {}
-        lineage = None
-        engine = getattr(model.decoder, "decoding_engine", "fairseq")
-        if (device.type == "cpu" and decoding_engine.resolved(engine, src_tokens) == "dynamic"
-                and any(getattr(m, "lineage_mode", None) for m in model.decoder.modules())):
-            # self-attention caches never reordered (their ancestors are)
-            lineage_decoding.start(incremental_state, bsz * beam, max_len + 1)
-            lineage = lineage_decoding.state(incremental_state)
+        for step_logits in steps:  # each model's encoder output, caches and lineage
+            step_logits.start(net_input, expand, bsz * beam, max_len + 1)
         # the first step's hypotheses of a sentence are all the same: on a CPU it
         # decodes one per sentence, and the first reorder makes the beams
-        one_per_sentence = (lineage is not None and beam > 1 and prefix_tokens is None
-                            and self.repeat_ngram_blocker is None)
+        one_per_sentence = (all(s.lineage is not None for s in steps) and beam > 1
+                            and prefix_tokens is None and self.repeat_ngram_blocker is None)
 
         # candidates per hypothesis, and per sentence as fairseq's (at step 0 from one hypothesis)
         candidates = min(2 * beam, vocab)
@@ -127,18 +122,25 @@ class PluginBeamSearch(ParallelBatches, SequenceGenerator):
         order: Optional[Tensor] = None  # rows of the last step each row continues
 
         for step in range(max_len + 1):
-            if order is not None:
-                model.decoder.reorder_incremental_state_scripting(incremental_state, order)
-                if lineage is not None:
-                    lineage_decoding.reorder(lineage, order)
-            if lineage is not None:
-                lineage_decoding.set_step(lineage, step, rows)
+            for step_logits in steps:
+                step_logits.next_step(order, step, rows)
             prefix = last.unsqueeze(1).expand(-1, step + 1)  # the decoder reads the last token and the length
-            logits = step_logits(prefix, sentence_encoder_out if one_per_sentence and step == 0
-                                 else encoder_out, incremental_state)
-            if self.temperature != 1.0:
-                logits = logits / self.temperature
-            logits = logits.float()
+            one_row = one_per_sentence and step == 0
+            if len(steps) == 1:
+                logits = steps[0](prefix, one_row)
+                if self.temperature != 1.0:
+                    logits = logits / self.temperature
+                logits = logits.float()
+            else:  # fairseq's ensemble: the mean of the models' probabilities, not renormalised
+                each = [step_logits(prefix, one_row).float() for step_logits in steps]
+                if self.temperature != 1.0:
+                    each = [x / self.temperature for x in each]
+                if kernels.can_run_ensemble_log_probs(each):
+                    logits = kernels.ensemble_log_probs(each)
+                else:
+                    logits = torch.logsumexp(torch.stack([torch.log_softmax(x, dim=-1) for x in each]),
+                                             dim=0) - math.log(len(steps))
+                    logits[logits != logits] = -math.inf  # fairseq's NaN check
             forcing = prefix_tokens is not None and step < prefix_tokens.size(1) and step < max_len
             if (step < max_len and not forcing and self.repeat_ngram_blocker is None
                     and kernels.can_run_beam_candidates(logits)):
@@ -162,7 +164,7 @@ class PluginBeamSearch(ParallelBatches, SequenceGenerator):
                 if self.repeat_ngram_blocker is not None:
                     logits = self.repeat_ngram_blocker(tokens, logits, bsz, beam, step)
                 top, top_tokens = logits.topk(candidates, dim=1)
-            lprobs = top - normaliser
+            lprobs = top - normaliser if len(steps) == 1 else top  # an ensemble's: log-probabilities
             if step == 0:  # every hypothesis of a sentence is the same: its first one's candidates
                 if one_per_sentence:
                     lprobs, top_tokens = lprobs.repeat_interleave(beam, 0), top_tokens.repeat_interleave(beam, 0)
@@ -201,7 +203,8 @@ class PluginBeamSearch(ParallelBatches, SequenceGenerator):
                 sentences = [sentences[i] for i in keep]
                 order, last, scores = (t.view(bsz, beam)[kept].view(-1) for t in (order, last, scores))
                 bsz, rows = len(keep), len(keep) * beam
-                encoder_out = model.encoder.reorder_encoder_out(encoder_out, order)
+                for step_logits in steps:
+                    step_logits.reorder_encoder_out(order)
                 # the histories keep their rows: record where each kept row came from
                 first_rows = first_rows[:bsz]
                 if prefix_tokens is not None:
@@ -209,7 +212,8 @@ class PluginBeamSearch(ParallelBatches, SequenceGenerator):
             if one_per_sentence and step == 0:
                 # from one row per sentence to its beam (cross-attention caches stay per sentence)
                 order = torch.div(order, beam, rounding_mode="trunc")
-                sentence_groups.set_hypotheses_per_sentence(incremental_state, beam)
+                for step_logits in steps:
+                    sentence_groups.set_hypotheses_per_sentence(step_logits.incremental_state, beam)
             step_tokens[step, :rows] = last
             step_scores[step, :rows] = scores
             step_parents[step, :rows] = order
@@ -297,8 +301,10 @@ class PluginBeamSearch(ParallelBatches, SequenceGenerator):
 
 
 class StepLogits:
-    """One call's logits of each step: the decoder's, and on a CPU its output
-    projection as one product over the features: oneDNN's packed Linear
+    """One model's part of one call: its encoder output (per sentence, and
+    per hypothesis), its caches (the incremental state, the lineage on a CPU)
+    and each step's logits: the decoder's, and on a CPU its output projection
+    as one product over the features: oneDNN's packed Linear
     (``packed_linear``), the int8 Linear, or else an ``mm`` with the
     transposed weight kept contiguous (15% faster than ``F.linear``). The
     copies are the call's own, never kept from an earlier one: fairseq's
@@ -306,13 +312,42 @@ class StepLogits:
     it was (``--eval-bleu``'s generator lives through training)."""
 
     def __init__(self, model, packed_layers):
-        self.decoder = model.decoder
+        self.model, self.decoder = model, model.decoder
         self.packed_layers = packed_layers
         self.transposed = None  # the output projection's weight, transposed
         self.buffer = None  # every step's logits (a fresh one each step costs its page faults)
+        self.incremental_state: Dict[str, Dict[str, Optional[Tensor]]] = {}
+        self.lineage = None
 
-    def __call__(self, prefix, encoder_out, incremental_state) -> Tensor:
-        decoder = self.decoder
+    def start(self, net_input, expand: Tensor, rows: int, capacity: int):
+        """Encode the sources; on a CPU, self-attention caches that are never
+        reordered (their ancestors are: ``lineage_decoding``)."""
+        encoder = self.model.encoder
+        self.sentence_encoder_out = encoder.forward_torchscript(net_input)
+        self.encoder_out = encoder.reorder_encoder_out(self.sentence_encoder_out, expand)
+        src_tokens = net_input["src_tokens"]
+        engine = getattr(self.decoder, "decoding_engine", "fairseq")
+        if (src_tokens.device.type == "cpu" and decoding_engine.resolved(engine, src_tokens) == "dynamic"
+                and any(getattr(m, "lineage_mode", None) for m in self.decoder.modules())):
+            lineage_decoding.start(self.incremental_state, rows, capacity)
+            self.lineage = lineage_decoding.state(self.incremental_state)
+
+    def next_step(self, order: Optional[Tensor], step: int, rows: int):
+        """Row i of this step continues row ``order[i]`` of the last one."""
+        if order is not None:
+            self.decoder.reorder_incremental_state_scripting(self.incremental_state, order)
+            if self.lineage is not None:
+                lineage_decoding.reorder(self.lineage, order)
+        if self.lineage is not None:
+            lineage_decoding.set_step(self.lineage, step, rows)
+
+    def reorder_encoder_out(self, order: Tensor):
+        """Finished sentences left the batch."""
+        self.encoder_out = self.model.encoder.reorder_encoder_out(self.encoder_out, order)
+
+    def __call__(self, prefix, one_per_sentence: bool) -> Tensor:
+        decoder, incremental_state = self.decoder, self.incremental_state
+        encoder_out = self.sentence_encoder_out if one_per_sentence else self.encoder_out
         projection = getattr(decoder, "output_projection", None)
         # --int8-decoding's int8 Linear, or oneDNN's packed one: on the features as one matrix
         own_kernel = (isinstance(projection, torch.ao.nn.quantized.dynamic.Linear)
@@ -333,12 +368,107 @@ class StepLogits:
 
 
 class PluginBeamSearchWithAlignment(SequenceGeneratorWithAlignment, PluginBeamSearch):
-    """``--print-alignment``: this search, then fairseq's alignment pass over
-    the finished hypotheses (models with ``full_context_alignment``: this
-    search records no attention per step)."""
+    """``--print-alignment``: this search, then one teacher-forced pass over
+    the finished hypotheses for their attention over the source (models with
+    ``full_context_alignment``: this search records no attention per step).
+    fairseq's pass encodes each source again for every hypothesis, computes
+    logits over the vocabulary at every position, which only its attention
+    is read from, and aligns all beam hypotheses, where fairseq-generate
+    prints ``--nbest`` (default 1): 3.8x the decoding time. Here each
+    sentence's encoder output serves its hypotheses, the decoder stops at its
+    features, and the pass covers the best ``aligned_nbest`` hypotheses of
+    each sentence; another hypothesis's alignment is computed when it is
+    read (``LazilyAligned``). The attention, and the alignments taken from it,
+    are fairseq's."""
 
     generate = ParallelBatches.generate
-    serial_generate = SequenceGeneratorWithAlignment.generate
+
+    def __init__(self, models, tgt_dict, aligned_nbest: int = 1, **kwargs):
+        super().__init__(models, tgt_dict, **kwargs)
+        self.aligned_nbest = aligned_nbest
+
+    @torch.no_grad()
+    def serial_generate(self, models, sample, **kwargs):
+        finalized = self._generate(sample, **kwargs)
+        eager = [(i, j) for i, hypotheses in enumerate(finalized)
+                 for j in range(min(self.aligned_nbest, len(hypotheses)))]
+        for (i, j), alignment in zip(eager, self.alignments(sample, finalized, eager)):
+            finalized[i][j]["alignment"] = alignment
+        for i, hypotheses in enumerate(finalized):
+            for j in range(self.aligned_nbest, len(hypotheses)):
+                hypotheses[j] = LazilyAligned(hypotheses[j], self, sample, finalized, (i, j))
+        return finalized
+
+    def alignments(self, sample, finalized, which):
+        """The alignments of the hypotheses ``which`` ((sentence, rank) pairs),
+        from one teacher-forced pass over them."""
+        net_input = sample["net_input"]
+        src_tokens = net_input["src_tokens"]
+        hypotheses = [finalized[i][j]["tokens"] for i, j in which]
+        sentence_of = torch.tensor([i for i, _ in which], device=src_tokens.device)
+        prev_output_tokens = data_utils.collate_tokens(hypotheses, self.pad, self.eos, self.left_pad_target,
+                                                       move_eos_to_beginning=True)
+        tgt_tokens = data_utils.collate_tokens(hypotheses, self.pad, self.eos, self.left_pad_target,
+                                               move_eos_to_beginning=False)
+        attention = None
+        for model in self.model.models:  # an ensemble's attention is its models' mean, as fairseq's
+            encoder_out = model.encoder.forward_torchscript(net_input)
+            encoder_out = model.encoder.reorder_encoder_out(encoder_out, sentence_of)
+            extra = model.decoder(prev_output_tokens, encoder_out=encoder_out, features_only=True,
+                                  src_lengths=net_input.get("src_lengths"))[1]
+            attention = extra["attn"][0] if attention is None else attention + extra["attn"][0]
+        if len(self.model.models) > 1:
+            attention = attention / len(self.model.models)
+        attention, tgt_tokens = attention.cpu(), tgt_tokens.cpu()
+        src_tokens = src_tokens.cpu().index_select(0, sentence_of.cpu())
+        if self.extract_alignment is utils.extract_hard_alignment:
+            return hard_alignments(attention, src_tokens, tgt_tokens, self.pad, self.eos)
+        return [self.extract_alignment(attention[r], src_tokens[r], tgt_tokens[r], self.pad, self.eos)
+                for r in range(len(which))]
+
+
+class LazilyAligned(dict):
+    """A hypothesis below the ``--nbest`` that fairseq-generate prints: its
+    ``"alignment"`` is computed when first read (as fairseq's, from a pass
+    over it alone)."""
+
+    def __init__(self, hypothesis, generator, sample, finalized, where):
+        super().__init__((key, value) for key, value in hypothesis.items() if key != "alignment")
+        self._source = (generator, sample, finalized, where)
+
+    def __reduce__(self):  # to another process (a decoding worker's result): aligned now
+        return dict, (dict(self, alignment=self["alignment"]),)
+
+    def __missing__(self, key):
+        if key != "alignment":
+            raise KeyError(key)
+        generator, sample, finalized, where = self._source
+        with torch.no_grad():
+            self["alignment"] = generator.alignments(sample, finalized, [where])[0]
+        return self["alignment"]
+
+
+def hard_alignments(attention: Tensor, src_tokens: Tensor, tgt_tokens: Tensor, pad: int, eos: int):
+    """fairseq's ``utils.extract_hard_alignment`` for every row at once: per
+    target token (neither pad nor EOS), the (source word, target word) pair
+    of its strongest source token (neither pad nor EOS), words counted from
+    0 over the tokens that are neither. fairseq's compares each token with a
+    Python list, one tensor at a time: most of --print-alignment's cost."""
+    src_invalid = src_tokens.eq(pad) | src_tokens.eq(eos)
+    tgt_valid = tgt_tokens.ne(pad) & tgt_tokens.ne(eos)
+    src_word = (~src_invalid).long().cumsum(1) - 1  # token -> word, as get_token_to_word_mapping
+    tgt_word = tgt_valid.long().cumsum(1) - 1
+    scores = attention.masked_fill(src_invalid.unsqueeze(1), float("-inf"))
+    strongest = scores.max(dim=2)[1]  # (rows, tgt_len)
+    aligned_src = src_word.gather(1, strongest)
+    found = []
+    for row in range(attention.size(0)):
+        if not bool(tgt_valid[row].any()) or bool(src_invalid[row].all()):
+            found.append([])
+            continue
+        keep = tgt_valid[row]
+        found.append(list(zip(aligned_src[row][keep].tolist(), tgt_word[row][keep].tolist())))
+    return found
 
     def __init__(self, models, tgt_dict, **kwargs):
         if not all(getattr(model, "full_context_alignment", False) for model in models):
@@ -352,7 +482,6 @@ def fallback_reason(models, args, extra_gen_cls_kwargs=None, prefix_allowed_toke
     ``args`` (None: this search supports them)."""
     extra = extra_gen_cls_kwargs or {}
     checks = (
-        (len(models) > 1, "an ensemble of models"),
         (getattr(args, "sampling", False), "--sampling"),
         (getattr(args, "diverse_beam_groups", -1) > 0, "--diverse-beam-groups"),
         (getattr(args, "diversity_rate", -1) > -1, "--diversity-rate"),

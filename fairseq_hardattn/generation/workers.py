@@ -27,7 +27,10 @@ Workers run only for models that fairseq's tools prepared for decoding
 (``prepare_for_inference_``: fairseq-generate, fairseq-interactive, the
 hub), whose weights no longer change; never in training (``--eval-bleu``),
 where each validation must see the updated weights. They live as long as
-the generator that forked them (the hub builds one per call). A worker
+the generator that forked them (the hub builds one per call). A process
+whose other threads are decoding (a threaded server) forks no workers: a
+fork copies only the thread that forks, and the locks the others hold would
+stay locked in a worker; such a call decodes in its own thread. A worker
 that fails hands its error to the caller; one that dies is replaced by the
 calling process decoding its batches itself, with one warning.
 """
@@ -193,6 +196,9 @@ _forking = None
 
 def _serve(connection):
     """A worker's loop: decode each batch it is sent, send back the hypotheses."""
+    global _searching, _searching_lock
+    # the forking thread held this lock: a fresh one (no search runs here but this loop's)
+    _searching, _searching_lock = 0, threading.Lock()
     generator = _forking
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the calling process handles Ctrl-C
     torch.set_num_threads(1)  # more than one would hang: GNU OpenMP's pool does not survive a fork
@@ -301,13 +307,27 @@ class WorkerPool:
         self.packing.close()
 
 
+# searches running in this process's threads: a fork copies only the thread
+# that forks, so none starts while another thread decodes (the locks it holds
+# would stay locked in the workers)
+_searching = 0
+_searching_lock = threading.Lock()
+
+
 class ParallelBatches:
     """A mixin of the plugin's generators: ``generate`` decodes the batches
     ahead of this one in worker processes where it can (``--decoding-workers``);
     ``generate_here`` decodes one batch in this process."""
 
     def generate_here(self, sample, **kwargs):
-        return self.serial_generate(self.model.models, sample, **kwargs)
+        global _searching
+        with _searching_lock:
+            _searching += 1
+        try:
+            return self.serial_generate(self.model.models, sample, **kwargs)
+        finally:
+            with _searching_lock:
+                _searching -= 1
 
     def generate(self, models, sample, **kwargs):
         pending = self.__dict__.setdefault("_pending", {})  # id(src_tokens) -> (src_tokens, task)
@@ -355,7 +375,10 @@ class ParallelBatches:
             return None
         if not batches_after(sample, 1):  # one batch: this process decodes it with all its threads
             return None
-        self._pool = WorkerPool(self, workers)
+        with _searching_lock:  # no search starts while this thread forks
+            if _searching:  # another thread decodes (a threaded server): this call decodes here
+                return None
+            self._pool = WorkerPool(self, workers)
         weakref.finalize(self, self._pool.close)
         logger.info("decoding %d batches at a time, in %d worker processes of one thread each "
                     "(--decoding-workers %s%s), the model's weights shared", workers, workers,

@@ -13,6 +13,9 @@ runtime, one thread pool for the process); where the compiler has no
 OpenMP they are built without it and run on one thread. Where no kernel can be built (no
 compiler, a failed build) the callers fall back to their PyTorch ops, with
 one warning; ``FAIRSEQ_HARDATTN_KERNELS=0`` turns the kernels off.
+``FAIRSEQ_HARDATTN_KERNEL_CFLAGS`` adds compiler flags (part of the cache
+key): ``scripts/sanitize_kernels.sh`` builds them with AddressSanitizer and
+UndefinedBehaviorSanitizer so.
 """
 
 import ctypes
@@ -69,30 +72,43 @@ def _cpu_signature() -> bytes:
     return (platform.machine() + platform.processor()).encode()
 
 
-def build(name: str) -> Path:
-    """Compile ``<name>.c`` (cached) and return the shared library's path;
-    raises RuntimeError naming the problem."""
+def build(name: str, cached: bool = True) -> Path:
+    """Compile ``<name>.c`` (cached; ``cached=False``: into a directory of this
+    process's own) and return the shared library's path; raises RuntimeError
+    naming the problem."""
     cc = compiler()
     if cc is None:
         raise RuntimeError("no C compiler found (CC={!r}; install gcc or set CC)".format(os.environ.get("CC", "")))
+    extra = tuple(os.environ.get("FAIRSEQ_HARDATTN_KERNEL_CFLAGS", "").split())
     for threading in THREADING[:-1]:
         try:
-            return _build(name, cc, FLAGS + threading)
+            return _build(name, cc, FLAGS + threading + extra, cached)
         except RuntimeError:
             pass
-    return _build(name, cc, FLAGS + THREADING[-1])
+    return _build(name, cc, FLAGS + THREADING[-1] + extra, cached)
 
 
-def _build(name: str, cc: str, flags) -> Path:
+def _build(name: str, cc: str, flags, cached: bool) -> Path:
     source = SOURCE_DIR / f"{name}.c"
     headers = [path.read_bytes() for path in sorted(SOURCE_DIR.glob("*.h"))]  # what sources include
     key = hashlib.sha256(b"\0".join(
         [source.read_bytes(), *headers, cc.encode(), " ".join(flags).encode(), _cpu_signature()]
     )).hexdigest()[:16]
-    target = cache_dir() / f"{name}-{key}.so"
+    target = (cache_dir() if cached else _private_dir()) / f"{name}-{key}.so"
     if target.exists():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        return _compile(cc, flags, source, target)
+    except OSError as error:  # a cache directory this process cannot write
+        if not cached:
+            raise
+        logger.warning("fairseq-hardattn: cannot write the kernel cache %s (%s); building the C "
+                       "kernels in a directory of this process's own", target.parent, error)
+        return _build(name, cc, flags, cached=False)
+
+
+def _compile(cc: str, flags, source: Path, target: Path) -> Path:
     # build beside the target, then rename: concurrent processes (test
     # workers, distributed ranks) never load a half-written library
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
@@ -105,14 +121,30 @@ def _build(name: str, cc: str, flags) -> Path:
     return target
 
 
+def _private_dir() -> Path:
+    """A kernel directory of this process's own (removed at its exit)."""
+    if not hasattr(_private_dir, "path"):
+        import atexit
+
+        _private_dir.path = Path(tempfile.mkdtemp(prefix="fairseq_hardattn_kernels-"))
+        atexit.register(shutil.rmtree, _private_dir.path, ignore_errors=True)
+    return _private_dir.path
+
+
 def load(name: str) -> Optional[ctypes.CDLL]:
     """The kernel library ``name``, or None (kernels off, or the build failed:
-    warned once per process)."""
+    warned once per process). A cached library that does not load (truncated,
+    damaged) is built again, in this process's own directory."""
     if not enabled():
         return None
     if name not in _loaded:
         try:
-            _loaded[name] = ctypes.CDLL(str(build(name)))
+            try:
+                _loaded[name] = ctypes.CDLL(str(build(name)))
+            except OSError as error:
+                logger.warning("fairseq-hardattn: the cached C kernel %s does not load (%s); "
+                               "building it again", name, error)
+                _loaded[name] = ctypes.CDLL(str(build(name, cached=False)))
         except (RuntimeError, OSError) as error:
             logger.warning("fairseq-hardattn: the C kernel %s is unavailable (%s); "
                            "using PyTorch ops instead (slower decoding)", name, error)
@@ -209,6 +241,31 @@ def beam_candidates(logits: Tensor, special_columns: Tensor, special_adds: Tenso
         special_adds.data_ptr(), special_columns.numel(), k, top_vals.data_ptr(),
         top_idx.data_ptr(), lse.data_ptr())
     return top_vals, top_idx, lse
+
+
+def ensemble_log_probs_function():
+    """The C function ``ensemble_log_probs`` (in beam_candidates.c), or None."""
+    return _function("beam_candidates", "ensemble_log_probs", [_ptr, _ptr, _i64, _i64, _i64, _ptr],
+                     ctypes.c_int)
+
+
+def can_run_ensemble_log_probs(logits) -> bool:
+    """Whether ``ensemble_log_probs`` applies to these models' logits."""
+    return all(can_run_beam_candidates(x) for x in logits) and len({x.shape for x in logits}) == 1 \
+        and ensemble_log_probs_function() is not None
+
+
+def ensemble_log_probs(logits) -> Tensor:
+    """(see beam_candidates.c) fairseq's EnsembleModel's log-probabilities of
+    the models' float32 logits, each (rows, vocab) with contiguous rows: the
+    log of the mean of their probabilities, (rows, vocab)."""
+    rows, vocab = logits[0].shape
+    out = logits[0].new_empty(rows, vocab)
+    addresses = torch.tensor([x.data_ptr() for x in logits], dtype=torch.int64)
+    strides = torch.tensor([x.stride(0) for x in logits], dtype=torch.int64)
+    ensemble_log_probs_function()(addresses.data_ptr(), strides.data_ptr(), len(logits), rows, vocab,
+                                  out.data_ptr())
+    return out
 
 
 _STEP_ATTENTION_ARGS = [_ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr, _i64, _i64, _i64, _ptr, _i64, _i64,

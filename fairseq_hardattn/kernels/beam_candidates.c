@@ -135,3 +135,92 @@ void beam_candidates(const float *logits, int64_t rows, int64_t vocab, int64_t s
     }
 #endif
 }
+
+/* ln(v) for v >= 1 (v = 2^e f, f in [1, 2): e ln 2 + 2 atanh((f-1)/(f+1)) as
+ * its odd series to s^13, s <= 1/3: relative error ~1e-7), in a form the
+ * compiler vectorises */
+static inline float log_at_least_one(float v) {
+    int32_t bits;
+    memcpy(&bits, &v, sizeof bits);
+    const int32_t e = ((bits >> 23) & 0xff) - 127;
+    bits = (bits & 0x007fffff) | 0x3f800000;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    const float s = (f - 1.0f) / (f + 1.0f), s2 = s * s;
+    float p = 1.0f / 13.0f;
+    p = p * s2 + 1.0f / 11.0f;
+    p = p * s2 + 1.0f / 9.0f;
+    p = p * s2 + 1.0f / 7.0f;
+    p = p * s2 + 1.0f / 5.0f;
+    p = p * s2 + 1.0f / 3.0f;
+    p = p * s2 + 1.0f;
+    return (float)e * 0.6931471805599453f + 2.0f * s * p;
+}
+
+/* Rows [first, end) of ensemble_log_probs; `normalisers` scratch, models floats. */
+static void ensemble_rows(int64_t first, int64_t end, const int64_t *logits, const int64_t *strides,
+                          int64_t models, int64_t vocab, float *out, float *normalisers) {
+    const float log_models = logf((float)models);
+    for (int64_t r = first; r < end; ++r) {
+        for (int64_t m = 0; m < models; ++m) {
+            const float *x = (const float *)(intptr_t)logits[m] + r * strides[m];
+            const float max = max_of(x, vocab);
+            normalisers[m] = max + logf(sum_exp(x, vocab, max));
+        }
+        float *o = out + r * vocab;
+        /* the models' log-probabilities' maximum per token, then the log of
+         * the sum of their exponentials relative to it (in [1, models]) */
+        const float *x0 = (const float *)(intptr_t)logits[0] + r * strides[0];
+#pragma omp simd
+        for (int64_t j = 0; j < vocab; ++j) o[j] = x0[j] - normalisers[0];
+        for (int64_t m = 1; m < models; ++m) {
+            const float *x = (const float *)(intptr_t)logits[m] + r * strides[m];
+#pragma omp simd
+            for (int64_t j = 0; j < vocab; ++j) {
+                const float lp = x[j] - normalisers[m];
+                o[j] = lp > o[j] ? lp : o[j];
+            }
+        }
+        for (int64_t j0 = 0; j0 < vocab; j0 += 256) {
+            const int64_t width = j0 + 256 < vocab ? 256 : vocab - j0;
+            float total[256];
+            for (int64_t j = 0; j < width; ++j) total[j] = 0.0f;
+            for (int64_t m = 0; m < models; ++m) {
+                const float *x = (const float *)(intptr_t)logits[m] + r * strides[m] + j0;
+#pragma omp simd
+                for (int64_t j = 0; j < width; ++j) total[j] += exp_nonpositive(x[j] - normalisers[m] - o[j0 + j]);
+            }
+#pragma omp simd
+            for (int64_t j = 0; j < width; ++j) {
+                const float best = o[j0 + j];
+                /* -inf everywhere stays -inf; NaN (fairseq's check) becomes -inf */
+                const float v = best + log_at_least_one(total[j] < 1.0f ? 1.0f : total[j]) - log_models;
+                o[j0 + j] = best == -INFINITY || v != v ? -INFINITY : v;
+            }
+        }
+    }
+}
+
+/* fairseq's EnsembleModel's log-probabilities: per row, the log of the mean
+ * of the models' probabilities, logsumexp_m(x_m - lse(x_m)) - log(models),
+ * not renormalised. logits: the models' (rows x vocab) float32 logits, as
+ * addresses, each with its row stride in `strides`; out: rows x vocab. */
+int ensemble_log_probs(const int64_t *logits, const int64_t *strides, int64_t models, int64_t rows,
+                       int64_t vocab, float *out) {
+    const int threads = row_threads(rows, 4, (double)vocab * models);
+    if (threads == 1) {
+        float normalisers[models];
+        ensemble_rows(0, rows, logits, strides, models, vocab, out, normalisers);
+        return 0;
+    }
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads)
+    {
+        float normalisers[models];
+        int64_t first, end;
+        row_share(rows, omp_get_thread_num(), omp_get_num_threads(), &first, &end);
+        ensemble_rows(first, end, logits, strides, models, vocab, out, normalisers);
+    }
+#endif
+    return 0;
+}

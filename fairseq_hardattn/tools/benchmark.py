@@ -33,7 +33,7 @@ from ..errors import ConfigError
 from ..models.attention_kind_base import SMALL_DIMS
 from ..generation.workers import check_workers
 from ..models.decoding_engine import ENGINES
-from .fixtures import (DTYPES, GENERATE_MAX_LEN, DictionaryTask, check_device, device_name, load_models,
+from .fixtures import (DTYPES, GENERATE_MAX_LEN, DictionaryTask, check_device, device_name, load_models, members,
                        parse_model_specs, random_batches, set_decoding_engine,
                        setup_translation_task, synthetic_dictionary, test_batches, to_device,
                        training_batches)
@@ -50,7 +50,8 @@ def build_parser():
     )
     p.add_argument("--data", help="fairseq data-bin (dictionary and test batches)")
     p.add_argument("--subset", default="test")
-    p.add_argument("--model", action="append", metavar="NAME=CHECKPOINT")
+    p.add_argument("--model", action="append", metavar="NAME=CHECKPOINT",
+                   help="a trained checkpoint; NAME=a.pt:b.pt an ensemble of them (as --path a.pt:b.pt)")
     p.add_argument("--arch", action="append", metavar="NAME=ARCH",
                    help="an architecture with random weights (use --fixed-output-len)")
     p.add_argument("--dims", choices=("preset", "small"), default="preset",
@@ -151,8 +152,8 @@ def main(argv=None):
     try:
         check_device(args.device)
         workers = None if args.workers is None else check_workers(args.workers)
-        if isolated(args) and (args.sublayer_times or args.train_batches):
-            raise ConfigError("--sublayer-times and --train-batches run on one thread (--threads 1)")
+        if isolated(args) and args.train_batches:
+            raise ConfigError("--train-batches runs on one thread (--threads 1)")
         if args.fixed_output_len and (args.max_len_a is not None or args.max_len_b is not None):
             raise ConfigError("--fixed-output-len sets the output length: drop --max-len-a/--max-len-b")
         specs = parse_model_specs(args.model, args.arch, args.override)
@@ -184,7 +185,7 @@ def main(argv=None):
                              keep_small_presets=True)
         set_decoding_engine(models, args.decoding_engine)
         if workers is not None:
-            for model in models.values():
+            for model in (m for model in models.values() for m in members(model)):
                 model.decoding_workers = workers
         peers = {}
         if args.ctranslate2 and not isolated(args) and (args.only is None or args.only in peer_names):
@@ -225,7 +226,9 @@ def main(argv=None):
                                             args.dtype, peers)
     shares = None
     if args.sublayer_times:
-        log("attention sublayer shares (one profiled pass per model)")
+        log("attention sublayer shares (one profiled pass per model, in this process: no workers)")
+        for model in (m for model in models.values() for m in members(model)):
+            model.decoding_workers = 1
         shares = profile_sublayers(models, dictionary, batches, args.beam, args.fixed_output_len,
                                    max_len_of(args))
     settings = {k: v for k, v in vars(args).items() if k not in ("json", "markdown", "only", "timings_json")}

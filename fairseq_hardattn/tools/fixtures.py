@@ -86,12 +86,26 @@ def to_device(sample, device: str):
     return sample.to(device) if torch.is_tensor(sample) else sample
 
 
+class Ensemble(torch.nn.ModuleList):
+    """Several checkpoints decoded as one (``--model NAME=a.pt:b.pt``, as
+    fairseq-generate's ``--path a.pt:b.pt``)."""
+
+    def prepare_for_inference_(self, cfg):
+        for model in self:
+            model.prepare_for_inference_(cfg)
+
+
+def members(model) -> List["torch.nn.Module"]:
+    """The models a benchmark's model decodes with: an ensemble's, or itself."""
+    return list(model) if isinstance(model, Ensemble) else [model]
+
+
 def set_decoding_engine(models: Dict[str, "torch.nn.Module"], engine: Optional[str]):
     """``--decoding-engine`` for every model of this plugin (fairseq's own
     models have none: they decode as fairseq does)."""
     if engine is None:
         return
-    for model in models.values():
+    for model in (m for model in models.values() for m in members(model)):
         if hasattr(model.decoder, "decoding_engine"):
             model.decoder.decoding_engine = engine
 
@@ -105,12 +119,14 @@ def load_models(specs: List[ModelSpec], task, arch_overrides=None, device="cpu",
     for spec in specs:
         torch.manual_seed(0)
         if spec.checkpoint:
-            if not os.path.exists(spec.checkpoint):
-                raise ConfigError(f"checkpoint not found: {spec.checkpoint}")
+            paths = spec.checkpoint.split(os.pathsep)  # a:b: an ensemble
+            for path in paths:
+                if not os.path.exists(path):
+                    raise ConfigError(f"checkpoint not found: {path}")
             loaded, _ = checkpoint_utils.load_model_ensemble(
-                [spec.checkpoint], arg_overrides=spec.overrides or None, task=task
+                paths, arg_overrides=spec.overrides or None, task=task
             )
-            model = loaded[0]
+            model = loaded[0] if len(loaded) == 1 else Ensemble(loaded)
         else:
             if spec.arch not in ARCH_MODEL_REGISTRY:
                 raise ConfigError(f"unknown architecture {spec.arch!r}")
@@ -180,9 +196,9 @@ def make_generator(model, dictionary, beam, fixed_output_len=None, max_len=GENER
         settings = dict(beam_size=beam, min_len=fixed_output_len, max_len_a=0, max_len_b=fixed_output_len)
     else:
         settings = dict(beam_size=beam, max_len_a=max_len[0], max_len_b=max_len[1])
-    chosen = generator_class([model], argparse.Namespace())
+    chosen = generator_class(members(model), argparse.Namespace())
     generator_cls = chosen[0] if chosen else SequenceGenerator
-    return generator_cls([model], dictionary, **settings)
+    return generator_cls(members(model), dictionary, **settings)
 
 
 def prepare_for_decoding(model, beam, dtype="fp32"):

@@ -121,7 +121,7 @@ BENCHMARKS = (
 # int8): random weights, sources of SRC tokens decoded to exactly SRC tokens,
 # beam 4, one thread, interleaved repetitions in one process
 def engine_benchmark(name: str, what: str, dims: str, src_len: int, sentences: int, batch: int,
-                     reps: int, extra: str = "", baseline: str = "fairseq") -> Benchmark:
+                     reps: int, extra: str = "", baseline: str = "fairseq", threads="1") -> Benchmark:
     int8 = "'int8_decoding':True"
     models = ("--arch fairseq=transformer --arch soft=transformer_soft --arch hard=transformer_hard_dec "
               f"--arch soft_int8=transformer_soft --override soft_int8={{{int8}}} "
@@ -129,7 +129,7 @@ def engine_benchmark(name: str, what: str, dims: str, src_len: int, sentences: i
               "--ctranslate2 ct2_fp32=fairseq:float32 --ctranslate2 ct2_int8=fairseq:int8")
     return Benchmark(name, what, f"{models} {extra} --dims {dims} --vocab 10000 --src-len {src_len} "
                      f"--num-sentences {sentences} --batch-size {batch} --fixed-output-len {src_len} "
-                     f"--beam 4 --reps {reps} --threads 1 --baseline {baseline}")
+                     f"--beam 4 --reps {reps} --threads {threads} --baseline {baseline}")
 
 
 ENGINE_BENCHMARKS = (
@@ -159,23 +159,15 @@ ENGINE_BENCHMARKS += (
 # fairseq's generator on all the threads, CTranslate2 in both of its
 # configurations (intra-op threads; a batch per thread), each system in a
 # process of its own; at least four batches per run
-def engine_cores_benchmark(name: str, what: str, dims: str, src_len: int, sentences: int, batch: int,
-                           reps: int) -> Benchmark:
-    one_thread = engine_benchmark(name, what, dims, src_len, sentences, batch, reps)
-    return Benchmark(name, what, one_thread.args.replace("--threads 1", "--threads all"))
-
-
-ENGINE_BENCHMARKS += (
-    engine_cores_benchmark("speed_engine_cores_small", "the decoding engine on all the cores, small dims, "
-                           "30 tokens, beside fairseq and CTranslate2's two configurations",
-                           "small", 30, 512, 64, 3),
-    engine_cores_benchmark("speed_engine_cores_base", "the decoding engine on all the cores, Base dims, "
-                           "30 tokens", "preset", 30, 128, 32, 3),
-    engine_cores_benchmark("speed_engine_cores_small_100tok", "the decoding engine on all the cores, small "
-                           "dims, 100 tokens", "small", 100, 256, 64, 3),
-    engine_cores_benchmark("speed_engine_cores_base_100tok", "the decoding engine on all the cores, Base "
-                           "dims, 100 tokens", "preset", 100, 64, 16, 3),
-)
+ENGINE_BENCHMARKS += tuple(
+    engine_benchmark(f"speed_engine_cores_{name}", f"the decoding engine on all the cores, {what}, beside "
+                     "fairseq and CTranslate2's two configurations", dims, src_len, sentences, batch, 3,
+                     threads="all")
+    for name, what, dims, src_len, sentences, batch in (
+        ("small", "small dims, 30 tokens", "small", 30, 512, 64),
+        ("base", "Base dims, 30 tokens", "preset", 30, 128, 32),
+        ("small_100tok", "small dims, 100 tokens", "small", 100, 256, 64),
+        ("base_100tok", "Base dims, 100 tokens", "preset", 100, 64, 16)))
 
 # fairseq-generate's decoding on trained checkpoints (test2016, natural lengths,
 # beam 4, batch 64, one thread): each architecture with the plugin's search and,

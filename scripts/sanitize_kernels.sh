@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The C kernels under AddressSanitizer and UndefinedBehaviorSanitizer: builds
+# them with -fsanitize=address,undefined into a kernel cache of their own and
+# runs the tests that drive them (the kernels against PyTorch, the plugin's
+# search against fairseq's generator for every architecture, the workers and
+# the randomized differential slice) in a Python that preloads the sanitizer
+# runtimes. A finding stops the run with the report (exit code != 0).
+# Run before each submission that touches fairseq_hardattn/kernels/.
+# Usage: scripts/sanitize_kernels.sh PYTHON [PYTEST_ARGS...]   (make sanitize: .venv's Python)
+set -euo pipefail
+[ $# -ge 1 ] || { echo "usage: scripts/sanitize_kernels.sh PYTHON [PYTEST_ARGS...] (e.g. .venv/bin/python)" >&2; exit 2; }
+PY=$(cd "$(dirname "$1")" && pwd)/$(basename "$1"); shift
+cd "$(dirname "$0")/.."
+CC=${CC:-gcc}
+asan=$("$CC" -print-file-name=libasan.so)
+ubsan=$("$CC" -print-file-name=libubsan.so)
+for lib in "$asan" "$ubsan"; do
+  [ -f "$lib" ] || { echo "sanitize_kernels.sh: $CC has no $(basename "$lib") (install its sanitizer runtimes)" >&2; exit 2; }
+done
+cache=$(mktemp -d)
+trap 'rm -rf "$cache"' EXIT
+export FAIRSEQ_HARDATTN_KERNEL_DIR="$cache"
+export FAIRSEQ_HARDATTN_KERNEL_CFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g"
+# Python and torch allocate for the process's life: leaks are not looked for;
+# the runtime is preloaded, so the order of libraries does not matter to it
+export ASAN_OPTIONS="detect_leaks=0:verify_asan_link_order=0:abort_on_error=1:halt_on_error=1"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+tests=(tests/test_beam_search.py tests/test_decoding_workers.py tests/test_flexible_and_local.py
+       tests/test_fairseq_transformers.py)
+[ -f tests/test_differential.py ] && tests+=(tests/test_differential.py)
+LD_PRELOAD="$asan $ubsan" "$PY" -m pytest -q -p no:cacheprovider "${tests[@]}" "$@"
+# every kernel was built with the sanitizers (and so ran under them)
+for kernel in beam_candidates step_attention flexible_band; do
+  ls "$cache"/"$kernel"-*.so > /dev/null 2>&1 || { echo "sanitize_kernels.sh: $kernel was never built" >&2; exit 1; }
+done
+echo "sanitize_kernels.sh: no finding in the kernels under ASan and UBSan"

@@ -1,0 +1,203 @@
+"""Randomized differential testing of the plugin's search against fairseq's
+generator: random search options x every architecture x decode-time kinds
+and k x batch sizes x source and target lengths, with the edges (a 1-token
+source, a length limit of 1, a beam wider than the vocabulary allows, every
+hypothesis ending at the first step, sentences finishing at different steps,
+left padding), on random weights and on trained tiny models.
+
+In float32 the two may differ where two candidates' scores are within
+float32 rounding: the engine sums a normaliser, and hard retrieval's scores,
+in another order than PyTorch's ops (its C kernels). A difference counts as
+such a tie when either
+- fairseq's generator gives the engine's hypotheses for that sentence decoded
+  alone (fairseq's own result depends on the batch there), or
+- both searches agree on the same case in float64 (where the kernels step
+  aside and rounding no longer decides): the same search, fed values that
+  differ by float32 rounding (each kernel is tested against PyTorch's ops to
+  it in tests/test_beam_search.py);
+and as a defect otherwise: the test fails and names the case.
+
+The CI slice decodes ``DIFFERENTIAL_CASES`` (default 240) cases from a fixed
+seed; ``FAIRSEQ_HARDATTN_DIFF_CASES=10000 pytest tests/test_differential.py``
+(with ``FAIRSEQ_HARDATTN_DIFF_SEED``) is the long run, whose summary it prints.
+"""
+
+import collections
+import copy
+import math
+import os
+import random
+
+import pytest
+import torch
+from fairseq.sequence_generator import SequenceGenerator
+
+import fairseq_hardattn
+from fairseq_hardattn.generation import PluginBeamSearch
+
+from conftest import build_model, load_with_overrides, make_dictionary
+
+DIFFERENTIAL_CASES = int(os.environ.get("FAIRSEQ_HARDATTN_DIFF_CASES", "240"))
+SEED = int(os.environ.get("FAIRSEQ_HARDATTN_DIFF_SEED", "2026"))
+ARCHS = [a for a in fairseq_hardattn.registered_architectures() if "lstm" not in a]
+# decode-time kinds for the archs whose decoder attention is built of kinds
+KINDS = [None, ("hard", None), ("topk", 1), ("topk", 2), ("topk", 3)]
+SCORES = dict(rtol=1e-5, atol=1e-4)
+VOCABS = {"small": 11, "usual": 40}  # 11: 7 words, a beam of 8 has not 2 x beam candidates
+
+
+class Models:
+    """Tiny models built once per (arch, kinds, vocab, weights), float32 and float64."""
+
+    def __init__(self):
+        self.cache = {}
+        self.dictionaries = {name: make_dictionary(size - 4) for name, size in VOCABS.items()}
+
+    def get(self, arch, kinds, vocab, weights):
+        key = (arch, kinds, vocab, weights)
+        if key not in self.cache:
+            d = self.dictionaries[vocab]
+            options = dict(flexible_mean_source_length=6.0)
+            if kinds is not None and arch.startswith(("transformer_soft", "transformer_hard_dec",
+                                                       "transformer_topk")):
+                kind, k = kinds
+                options.update(dec_self_attn_kind=kind, dec_cross_attn_kind=kind, retrieval_k=k)
+            torch.manual_seed(len(self.cache) % 7)
+            try:
+                model = build_model(arch, d, **options).eval()
+            except Exception:  # a family whose layers take no such kind: its own kinds
+                torch.manual_seed(len(self.cache) % 7)
+                model = build_model(arch, d, flexible_mean_source_length=6.0).eval()
+            with torch.no_grad():
+                projection = model.decoder.output_projection.weight
+                if weights == "decisive":  # one token dominates: scores far apart
+                    projection.mul_(20)
+                elif weights == "eos first":  # every hypothesis ends at once
+                    projection[d.eos()].mul_(60).add_(projection.abs().max())
+            self.cache[key] = (model.float(), copy.deepcopy(model).double(), d)
+        return self.cache[key]
+
+
+def random_case(rng: random.Random):
+    vocab = rng.choice(["usual", "usual", "small"])
+    beam = rng.choice([1, 2, 3, 4, 5, 8])
+    max_len_b = rng.choice([1, 2, 5, 12, 12])
+    case = dict(
+        arch=rng.choice(ARCHS), kinds=rng.choice(KINDS), vocab=vocab,
+        weights=rng.choice(["random", "decisive", "decisive", "eos first"]),
+        lengths=[rng.choice([1, 2, 3, 5, 8, 12]) for _ in range(rng.choice([1, 1, 2, 3, 5, 8]))],
+        batch_seed=rng.randrange(10 ** 6),
+        options=dict(beam_size=beam, max_len_a=rng.choice([0, 0, 0, 1.2]), max_len_b=max_len_b,
+                     min_len=rng.choice([1, 1, 2, 3]), len_penalty=rng.choice([1.0, 1.0, 0.5, 1.4, 2.0]),
+                     unk_penalty=rng.choice([0.0, 0.0, 1.5, -1.0]),
+                     no_repeat_ngram_size=rng.choice([0, 0, 0, 2, 3]),
+                     temperature=rng.choice([1.0, 1.0, 0.7, 1.5])),
+        prefix=rng.random() < 0.1,
+    )
+    return case
+
+
+def sample_of(case, dictionary):
+    g = torch.Generator().manual_seed(case["batch_seed"])
+    lengths = case["lengths"]
+    src = torch.full((len(lengths), max(lengths)), dictionary.pad(), dtype=torch.long)
+    for i, n in enumerate(lengths):  # left-padded, each ending with EOS (a 1-token source: EOS alone)
+        words = torch.randint(dictionary.nspecial, len(dictionary), (n - 1,), generator=g)
+        src[i, src.size(1) - n:] = torch.cat([words, torch.tensor([dictionary.eos()])])
+    prefix = None
+    if case["prefix"]:
+        prefix = torch.randint(dictionary.nspecial, len(dictionary), (len(lengths), 1), generator=g)
+    return {"id": torch.arange(len(lengths)),
+            "net_input": {"src_tokens": src, "src_lengths": torch.tensor(lengths)}}, prefix
+
+
+def decode(cls, model, dictionary, sample, prefix, options):
+    with torch.no_grad():
+        return cls([model], dictionary, **options).generate([model], sample, prefix_tokens=prefix)
+
+
+def agree(ours, theirs) -> bool:
+    if len(ours) != len(theirs):
+        return False
+    for mine, fairseqs in zip(ours, theirs):
+        if [h["tokens"].tolist() for h in mine] != [h["tokens"].tolist() for h in fairseqs]:
+            return False
+        for a, b in zip(mine, fairseqs):
+            if not torch.allclose(a["score"].double(), b["score"].double(), **SCORES) or not torch.allclose(
+                    a["positional_scores"].double(), b["positional_scores"].double(), **SCORES):
+                return False
+    return True
+
+
+def one_sentence(sample, prefix, i):
+    part = {"id": sample["id"][i:i + 1],
+            "net_input": {k: v[i:i + 1] for k, v in sample["net_input"].items()}}
+    return part, None if prefix is None else prefix[i:i + 1]
+
+
+def classify(case, models):
+    """'same', a tie ('fairseq alone', 'float32 rounding'), or 'defect'."""
+    model, model64, d = models.get(case["arch"], case["kinds"], case["vocab"], case["weights"])
+    sample, prefix = sample_of(case, d)
+    options = case["options"]
+    if options["min_len"] > int(options["max_len_a"] * sample["net_input"]["src_tokens"].size(1)
+                                + options["max_len_b"]):
+        options = dict(options, min_len=1)
+    ours = decode(PluginBeamSearch, model, d, sample, prefix, options)
+    theirs = decode(SequenceGenerator, model, d, sample, prefix, options)
+    if agree(ours, theirs):
+        return "same"
+    differing = [i for i in range(len(ours)) if not agree([ours[i]], [theirs[i]])]
+    if all(agree([ours[i]], decode(SequenceGenerator, model, d, *one_sentence(sample, prefix, i), options))
+           for i in differing):
+        return "tie: fairseq's generator gives the engine's hypotheses for the sentence alone"
+    if agree(decode(PluginBeamSearch, model64, d, sample, prefix, options),
+             decode(SequenceGenerator, model64, d, sample, prefix, options)):
+        return "tie: float32 rounding (both agree in float64)"
+    return "defect"
+
+
+def run_cases(count, seed):
+    rng = random.Random(seed)
+    models = Models()
+    outcomes, defects = collections.Counter(), []
+    for number in range(count):
+        case = random_case(rng)
+        outcome = classify(case, models)
+        outcomes[outcome] += 1
+        if outcome == "defect":
+            defects.append((number, case))
+    return outcomes, defects
+
+
+def test_random_cases_decode_fairseqs_hypotheses_or_a_tie():
+    outcomes, defects = run_cases(DIFFERENTIAL_CASES, SEED)
+    print(f"\n{DIFFERENTIAL_CASES} random cases (seed {SEED}): " + ", ".join(
+        f"{n} {outcome}" for outcome, n in outcomes.most_common()))
+    assert not defects, f"{len(defects)} defects, the first: case {defects[0][0]}: {defects[0][1]}"
+    assert outcomes["same"] >= 0.9 * DIFFERENTIAL_CASES  # ties are rare, or the test tests little
+
+
+def test_trained_tiny_models_decode_fairseqs_hypotheses_or_a_tie(trained_checkpoints):
+    """The tiny trained models (fairseq's transformer and hard retrieval, a
+    few updates: flat distributions, many near-ties), decoded as trained and
+    with decode-time kinds."""
+    rng = random.Random(SEED + 1)
+    d = None
+    outcomes, defects = collections.Counter(), []
+    for kind in ("soft", "hard"):
+        for overrides in ({}, {"dec_self_attn_kind": "hard", "dec_cross_attn_kind": "hard"},
+                          {"dec_self_attn_kind": "topk", "dec_cross_attn_kind": "topk", "retrieval_k": 2}):
+            model = load_with_overrides(trained_checkpoints[kind], dict(overrides)).float().eval()
+            model64 = copy.deepcopy(model).double()
+            d = model.decoder.dictionary
+            for _ in range(12):
+                case = random_case(rng)
+                case.update(vocab="trained", arch=kind, kinds=str(overrides), weights="trained")
+                models = Models()
+                models.cache[(kind, str(overrides), "trained", "trained")] = (model, model64, d)
+                outcome = classify(case, models)
+                outcomes[outcome] += 1
+                if outcome == "defect":
+                    defects.append(case)
+    assert not defects, f"{len(defects)} defects, the first: {defects[0]}"
