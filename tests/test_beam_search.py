@@ -184,6 +184,17 @@ def test_sentences_finishing_at_different_steps_leave_the_batch():
     assert_same_hypotheses(ours, theirs)
 
 
+def test_a_forced_prefix_with_fewer_candidates_than_the_beam():
+    """A beam of 8 over 7 words with a forced first token: most hypotheses
+    start at -inf, and some end with pad, which the search's decoder call
+    must not read as padding (found by tests/test_differential.py)."""
+    d = make_dictionary(7)
+    model = decisive_model("transformer_soft_small", d).float()
+    sample = sample_of(d, lengths=(12, 5))
+    prefix = torch.full((2, 1), d.nspecial + 1)
+    assert_same_hypotheses(*both(model, d, sample, prefix=prefix, beam_size=8, max_len_b=6, min_len=2))
+
+
 def test_prefix_tokens_are_forced():
     d = make_dictionary(40)
     model = decisive_model("transformer_hard_dec_small", d)

@@ -124,7 +124,11 @@ class PluginBeamSearch(ParallelBatches, SequenceGenerator):
         for step in range(max_len + 1):
             for step_logits in steps:
                 step_logits.next_step(order, step, rows)
-            prefix = last.unsqueeze(1).expand(-1, step + 1)  # the decoder reads the last token and the length
+            # the decoder reads the last token and the length. A hypothesis whose score is
+            # -inf already (fewer candidates than the beam: a forced prefix, a tiny
+            # vocabulary) may end with pad, which fairseq's decoder would mask; its
+            # output is never read, so it reads EOS there instead
+            prefix = last.masked_fill(last.eq(self.pad), self.eos).unsqueeze(1).expand(-1, step + 1)
             one_row = one_per_sentence and step == 0
             if len(steps) == 1:
                 logits = steps[0](prefix, one_row)
