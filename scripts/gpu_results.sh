@@ -33,8 +33,8 @@ for name in "${NAMES[@]}"; do
     --markdown "$RESULTS/$name.md" "${ARGS[@]}" >&2 && mv "$RESULTS/$name.json.tmp" "$RESULTS/$name.json"
 done
 [ "$#" -gt 0 ] && exit 0  # only the named benchmarks
-[ -s "$RESULTS/op_costs_gpu.json" ] || "$PYTHON" "$REPO/scripts/op_costs.py" --device cuda \
+[ -s "$RESULTS/op_costs_gpu.json" ] || "$PYTHON" "$REPO/research/op_costs.py" --device cuda \
   --json "$RESULTS/op_costs_gpu.json" --markdown "$RESULTS/op_costs_gpu.md" >&2
-[ -s "$RESULTS/attention_step_costs_gpu.json" ] || "$PYTHON" "$REPO/scripts/attention_step_costs.py" \
+[ -s "$RESULTS/attention_step_costs_gpu.json" ] || "$PYTHON" "$REPO/research/attention_step_costs.py" \
   --device cuda --src-len 30 100 200 --json "$RESULTS/attention_step_costs_gpu.json" \
   --markdown "$RESULTS/attention_step_costs_gpu.md" >&2

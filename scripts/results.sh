@@ -166,26 +166,26 @@ for name in $("${EXPERIMENTS[@]}" benchmarks); do
     --markdown "$RESULTS/$name.md" "${ARGS[@]}" >&2 && mv "$RESULTS/$name.json.tmp" "$RESULTS/$name.json"
 done
 # one decoding step of cross-attention alone, per mechanism (Base dims)
-[ -s "$RESULTS/attention_step_costs.json" ] || "$PYTHON" "$REPO/scripts/attention_step_costs.py" \
+[ -s "$RESULTS/attention_step_costs.json" ] || "$PYTHON" "$REPO/research/attention_step_costs.py" \
   --src-len 50 100 200 400 --reps 15 --threads 1 --json "$RESULTS/attention_step_costs.json" \
   --markdown "$RESULTS/attention_step_costs.md" >&2
 # the same at the small preset's dims (d = 128, 4 heads): Multi30k's ~15-token
 # sources, and longer ones
-[ -s "$RESULTS/attention_step_costs_small.json" ] || "$PYTHON" "$REPO/scripts/attention_step_costs.py" \
+[ -s "$RESULTS/attention_step_costs_small.json" ] || "$PYTHON" "$REPO/research/attention_step_costs.py" \
   --embed-dim 128 --heads 4 --src-len 15 30 100 --reps 15 --threads 1 \
   --json "$RESULTS/attention_step_costs_small.json" \
   --markdown "$RESULTS/attention_step_costs_small.md" >&2
-[ -s "$RESULTS/op_costs_cpu.json" ] || "$PYTHON" "$REPO/scripts/op_costs.py" --threads 1 \
+[ -s "$RESULTS/op_costs_cpu.json" ] || "$PYTHON" "$REPO/research/op_costs.py" --threads 1 \
   --json "$RESULTS/op_costs_cpu.json" --markdown "$RESULTS/op_costs_cpu.md" >&2
 # the Linear per kernel at a step's shapes (which layers float32 packs for oneDNN, which engine int8 packs for)
-[ -s "$RESULTS/linear_engines.json" ] || "$PYTHON" "$REPO/scripts/linear_engines.py" --threads 1 \
+[ -s "$RESULTS/linear_engines.json" ] || "$PYTHON" "$REPO/research/linear_engines.py" --threads 1 \
   --json "$RESULTS/linear_engines.json" --markdown "$RESULTS/linear_engines.md" >&2
-[ -s "$RESULTS/memory.json" ] || "$PYTHON" "$REPO/scripts/memory_profile.py" \
+[ -s "$RESULTS/memory.json" ] || "$PYTHON" "$REPO/research/memory_profile.py" \
   --arch transformer_soft_small --arch transformer_hard_dec_small --arch transformer_cross_self_small \
   --arch transformer_hard_cross_self_small --arch transformer_aan_small \
   --arch transformer_local_small --arch transformer_flexible_small \
   --json "$RESULTS/memory.json" --markdown "$RESULTS/memory.md" >&2
-[ -s "$RESULTS/speed_vs_length.json" ] || "$PYTHON" "$REPO/scripts/plot_speed_vs_length.py" \
+[ -s "$RESULTS/speed_vs_length.json" ] || "$PYTHON" "$REPO/research/plot_speed_vs_length.py" \
   --arch soft=transformer_soft --arch hard=transformer_hard_dec \
   --arch cross_self=transformer_cross_self --arch aan=transformer_aan \
   --arch flexible=transformer_flexible --arch local=transformer_local \
@@ -197,13 +197,13 @@ trained flexible_ft && \
 trained flexible_band_ft && \
   CURVES+=(--checkpoint "fine-tuned within the bands of τ (auto)=$WORK_DIR/runs/flexible_band_ft/checkpoint_avg.pt")
 if [ "${#CURVES[@]}" -gt 0 ] && [ ! -s "$RESULTS/bleu_vs_cps.json" ]; then
-  "$PYTHON" "$REPO/scripts/bleu_vs_cps.py" --data "$WORK_DIR/data-bin" "${CURVES[@]}" \
+  "$PYTHON" "$REPO/research/bleu_vs_cps.py" --data "$WORK_DIR/data-bin" "${CURVES[@]}" \
     --tok-ref "$DATA_DIR/tok/test_2016_flickr.de" --thresholds 0.1 0.25 0.5 0.75 1 auto 2 4 inf \
     --out "$RESULTS/bleu_vs_cps.png" --json "$RESULTS/bleu_vs_cps.json" >&2
 fi
 # the d/4 gate network, band-fine-tuned, between tau = 0.75 and the paper's rule
 if trained flexible_gate32_band_ft && [ ! -s "$RESULTS/bleu_vs_cps_gate32.json" ]; then
-  "$PYTHON" "$REPO/scripts/bleu_vs_cps.py" --data "$WORK_DIR/data-bin" --threads 2 \
+  "$PYTHON" "$REPO/research/bleu_vs_cps.py" --data "$WORK_DIR/data-bin" --threads 2 \
     --checkpoint "gate32=$WORK_DIR/runs/flexible_gate32_band_ft/checkpoint_avg.pt" \
     --tok-ref "$DATA_DIR/tok/test_2016_flickr.de" --thresholds 0.75 0.9 1 1.25 \
     --out "$RESULTS/bleu_vs_cps_gate32.png" --json "$RESULTS/bleu_vs_cps_gate32.json" >&2

@@ -300,10 +300,20 @@ def reference_table(reference):
             f"\n\n{table}") if table else ""
 
 
+FILES_NOTE = (
+    "Each is remade by `scripts/results.sh DATA_DIR WORK_DIR` (a file whose JSON is there is "
+    "skipped: delete it to redo it); a benchmark alone by `scripts/benchmark_decoding.py $(python "
+    "examples/multi30k/experiments.py benchmark NAME WORK_DIR)`, the `speed_gpu_*` set by "
+    "`scripts/gpu_results.sh results` on a GPU. Beside each `.md` its `.json` holds every number "
+    "and the settings. [hard_parity_record.md](hard_parity_record.md): the parity ablation's "
+    "record, run by run (written, not generated). Superseded figures leave this folder; git keeps "
+    "them.")
+
+
 def files_section(results):
     rows = [f"- [{path.name}]({path.name}): {what}" for stem, what in EXPERIMENTS.OUTPUTS.items()
             for path in sorted(results.glob(stem + ".*")) if path.suffix in (".md", ".png")]
-    return "\n## Files\n\n" + "\n".join(rows) + "\n" if rows else ""
+    return "\n## Files\n\n" + FILES_NOTE + "\n\n" + "\n".join(rows) + "\n" if rows else ""
 
 
 def ratio(row):

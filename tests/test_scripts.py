@@ -14,13 +14,16 @@ import pytest
 from conftest import REPO, TEST_SENTENCES, USER_DIR, run_cli, tiny_dim_flags, tool_env, train
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
-PYTHON_SCRIPTS = sorted(p.name for p in SCRIPTS.glob("*.py"))
+# the commands a user runs; the measurements behind a paragraph of the docs; the sweep's summary
+SCRIPT_DIRS = (SCRIPTS, REPO / "research", REPO / "examples" / "sweep")
+PYTHON_SCRIPTS = sorted(p.name for folder in SCRIPT_DIRS for p in folder.glob("*.py"))
 SHELL_SCRIPTS = sorted(p.name for p in SCRIPTS.glob("*.sh"))
 TINY_SMALL_ARCHS = ["soft=transformer_soft_small", "hard=transformer_hard_dec_small"]
 
 
 def script(name, *args, check=True, timeout=600):
-    command = ([sys.executable] if name.endswith(".py") else ["bash"]) + [str(SCRIPTS / name)]
+    path = next(folder / name for folder in SCRIPT_DIRS if (folder / name).exists())
+    command = ([sys.executable] if name.endswith(".py") else ["bash"]) + [str(path)]
     proc = subprocess.run(command + [str(a) for a in args], env=tool_env(MPLBACKEND="Agg"),
                           capture_output=True, text=True, timeout=timeout)
     if check:

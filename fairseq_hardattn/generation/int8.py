@@ -71,7 +71,7 @@ def packing_engines():
       preset's dims (256 rows, 128 -> 10k) and 1.08x-1.12x at Base (512 -> 10k).
     So every layer packs for oneDNN with AMX, and the output projection
     wherever oneDNN is there; the rest keeps the default
-    (``scripts/linear_engines.py`` measures a CPU)."""
+    (``research/linear_engines.py`` measures a CPU)."""
     default = torch.backends.quantized.engine
     onednn = "onednn" if "onednn" in torch.backends.quantized.supported_engines else default
     return (onednn if cpu_has_amx() else default), onednn

@@ -6,7 +6,7 @@ trained, after copying its bias into the output. oneDNN's Linear
 (``torch.ops.mkldnn._linear_pointwise``, what inductor's CPU freezing calls)
 multiplies with a weight reordered once into its kernel's blocked layout and
 adds the bias in the same pass. One thread, AMD EPYC (Zen 4), against
-``nn.Linear`` (``scripts/linear_engines.py`` measures a CPU): 1.20x and
+``nn.Linear`` (``research/linear_engines.py`` measures a CPU): 1.20x and
 1.38x at the output projection to a 10k vocabulary (the small preset's 128
 and Base's 512 features), 1.07x-1.20x at Base's layers, 0.93x-1.05x at the
 small preset's 128 x 128 and 128 x 256, 1.03x at 256 x 256. So weights of at

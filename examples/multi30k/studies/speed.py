@@ -243,7 +243,7 @@ OUTPUTS = {
     "attention_step_costs_small": "the same at the small preset's dims (d = 128, 4 heads)",
     "op_costs_cpu": "per-operation costs of one decoding step (the hard-attention paper's Table 2)",
     "linear_engines": "the Linear layer on each CPU kernel (float32 on MKL and packed for oneDNN, int8 per "
-                      "quantized engine) at a decoding step's shapes (scripts/linear_engines.py: which "
+                      "quantized engine) at a decoding step's shapes (research/linear_engines.py: which "
                       "layers the search packs for oneDNN)",
     "memory": "peak memory of training and decoding",
     "speed_vs_length": "decoding speed against source length",

@@ -15,7 +15,7 @@ Where the time goes: ``--profile flexible`` (or any mechanism) prints the
 torch profiler's table of one decoding pass.
 
 Example (Transformer Base dims, 100-token sources, beam 4):
-  scripts/attention_step_costs.py --src-len 100 200 --threads 1
+  research/attention_step_costs.py --src-len 100 200 --threads 1
 """
 
 import argparse

@@ -4,7 +4,7 @@ side: for each source length, random sources of exactly that length, every
 model decodes the same batches (interleaved repetitions, median) generating
 --output-len tokens (or as many as the source with --output-len 0).
 
-Example: scripts/plot_speed_vs_length.py --arch soft=transformer --arch hard=transformer_hard_dec \
+Example: research/plot_speed_vs_length.py --arch soft=transformer --arch hard=transformer_hard_dec \
            --lengths 10 25 50 100 200 --out speed_vs_length.png --json speed_vs_length.json
 """
 

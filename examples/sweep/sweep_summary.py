@@ -2,7 +2,7 @@
 """Summarise a Hydra multirun sweep of fairseq-hydra-train (examples/sweep):
 each run's overrides and its best (lowest) validation loss, best first.
 
-Usage: scripts/sweep_summary.py SWEEP_DIR [--json OUT]
+Usage: examples/sweep/sweep_summary.py SWEEP_DIR [--json OUT]
 """
 
 import argparse

@@ -8,7 +8,7 @@ tokenized and lowercased against --tok-ref (BPE removed). Several
 checkpoints (``--checkpoint LABEL=PATH``, repeated) give one curve each in
 the same plot.
 
-Example: scripts/bleu_vs_cps.py --data data-bin --checkpoint flexible.pt \
+Example: research/bleu_vs_cps.py --data data-bin --checkpoint flexible.pt \
            --tok-ref multi30k/tok/test_2016_flickr.de --thresholds 0.25 0.5 1 1.38 2 inf --out curve.png
 """
 

@@ -14,7 +14,7 @@ is reported instead.
 - decode: beam search (--beam) of --num-sentences random sources of --length
   tokens, generating exactly --length tokens.
 
-Example: scripts/memory_profile.py --arch transformer_soft_small --arch transformer_hard_dec_small
+Example: research/memory_profile.py --arch transformer_soft_small --arch transformer_hard_dec_small
 """
 
 import argparse

@@ -6,7 +6,7 @@ compiled by inductor (``torch.compile(decoding_engine.layers_step)``): the
 compile time (the first pass, cold and from inductor's cache) and the
 steady-state speed, one model, random weights, fixed output lengths.
 
-Usage: scripts/compile_step_cost.py [--arch transformer_soft] [--dims small]
+Usage: research/compile_step_cost.py [--arch transformer_soft] [--dims small]
        [--sentences 256] [--batch 64] [--src-len 30] [--reps 3] [--markdown OUT.md]
 """
 

@@ -7,7 +7,7 @@ Every model decodes the same random batch with fairseq's generator, each
 hypothesis for exactly --steps steps; syncs inside the plugin's attention
 modules are counted apart (fairseq's generator and decoder make their own).
 
-Usage: scripts/op_counts.py [--arch NAME=ARCH ...] [--json F] [--markdown F]
+Usage: research/op_counts.py [--arch NAME=ARCH ...] [--json F] [--markdown F]
 """
 
 import argparse

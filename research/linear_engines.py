@@ -13,7 +13,7 @@ a 10k vocabulary) and Transformer Base's (128 rows; d = 512, FFN 2048).
 Timed with torch.utils.benchmark (median of interleaved measurements), one
 thread by default, with glibc's heap thresholds as the search sets them.
 
-Example: OMP_NUM_THREADS=1 scripts/linear_engines.py --json results/linear_engines.json
+Example: OMP_NUM_THREADS=1 research/linear_engines.py --json results/linear_engines.json
 """
 
 import argparse

@@ -8,7 +8,7 @@ Shapes: hypotheses = batch x beam, heads x head_dim = the model dims (Base:
 target prefix (self-attention). Timed with torch.utils.benchmark (warm-up,
 adaptive repetitions; median). Runs on CPU, or on CUDA with --device cuda.
 
-Example: scripts/op_costs.py --threads 1 --json results/op_costs.json
+Example: research/op_costs.py --threads 1 --json results/op_costs.json
 """
 
 import argparse

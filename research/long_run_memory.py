@@ -1,0 +1,127 @@
+#!/usr/bin/env python
+"""Resident memory over a long run: N sentences through fairseq-interactive
+(lines fed as a user's pipe would, --buffer-size lines at a time, the
+engine's default workers) and through the hub (``translate`` of lists, one
+process), sampling the memory of the whole process tree (proportional set
+size, summed: shared pages counted once) as sentences come out. Prints the
+memory after the first 1,000 sentences and at the end, and the growth
+between them. docs/decoding_engine.md cites it (issue 70's long runs).
+
+Example: research/long_run_memory.py --data work/qs6/data-bin
+    --path work/qs6/checkpoints/checkpoint_best.pt --sentences 20000
+"""
+
+import argparse
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def tree(pid):
+    pids = [pid]
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                for child in f.read().split():
+                    pids += tree(int(child))
+    except OSError:
+        pass
+    return pids
+
+
+def pss_mb(pid) -> float:
+    total = 0
+    for p in tree(pid):
+        try:
+            with open(f"/proc/{p}/smaps_rollup") as f:
+                total += next(int(line.split()[1]) for line in f if line.startswith("Pss:"))
+        except (OSError, StopIteration):
+            pass
+    return total / 1024
+
+
+# random sentences make a model loop to its length limit: this one keeps runs short
+MAX_LEN_B = 50
+
+
+def sampled(count):
+    """When the memory is read: after 1,000 sentences, every 2,500, and 100
+    before the end (at the very end the workers may be leaving)."""
+    return {1000, count - 100} | set(range(2500, count - 100, 2500))
+
+
+def sentences(dictionary_path, count, seed=1):
+    words = [line.split()[0] for line in open(dictionary_path, encoding="utf-8")]
+    words = [w for w in words if not w.startswith("madeupword")]
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(words) for _ in range(rng.randint(5, 25))) for _ in range(count)]
+
+
+def interactive(args, lines):
+    command = [os.path.join(os.path.dirname(sys.executable), "fairseq-interactive"), args.data,
+               "--user-dir", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                          "fairseq_hardattn"),
+               "--path", args.path, "--beam", "4", "--buffer-size", "256", "--batch-size", "64",
+               "--max-len-b", str(MAX_LEN_B),
+               "--source-lang", args.source_lang, "--target-lang", args.target_lang]
+    proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, bufsize=1)
+    feeder = threading.Thread(target=lambda: (proc.stdin.write("\n".join(lines) + "\n"), proc.stdin.close()))
+    feeder.start()
+    samples, done = {}, 0
+    for line in proc.stdout:
+        if line.startswith("H-"):
+            done += 1
+            if done in sampled(len(lines)):
+                samples[done] = pss_mb(proc.pid)
+    feeder.join()
+    proc.wait()
+    return samples
+
+
+def hub(args, lines):
+    from fairseq.models.transformer import TransformerModel
+
+    import fairseq_hardattn
+
+    model = TransformerModel.from_pretrained(os.path.dirname(args.path), os.path.basename(args.path),
+                                             data_name_or_path=args.data, user_dir=fairseq_hardattn.USER_DIR,
+                                             source_lang=args.source_lang, target_lang=args.target_lang)
+    samples, done = {}, 0
+    for start in range(0, len(lines), 100):
+        model.translate(lines[start:start + 100], beam=4, max_len_b=MAX_LEN_B)
+        done = start + len(lines[start:start + 100])
+        if done in sampled(len(lines)):
+            samples[done] = pss_mb(os.getpid())
+    return samples
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", required=True)
+    p.add_argument("--path", required=True)
+    p.add_argument("--sentences", type=int, default=20000)
+    p.add_argument("--source-lang", default="en")
+    p.add_argument("--target-lang", default="de")
+    p.add_argument("--only", choices=("interactive", "hub"))
+    args = p.parse_args()
+    lines = sentences(os.path.join(args.data, f"dict.{args.source_lang}.txt"), args.sentences)
+    for name, run in (("fairseq-interactive", interactive), ("hub", hub)):
+        if args.only and not name.endswith(args.only):
+            continue
+        start = time.time()
+        samples = run(args, lines)
+        first, last = samples.get(1000), samples.get(len(lines) - 100)
+        print(f"{name}: {len(lines)} sentences in {time.time() - start:.0f} s; memory (PSS, MB) "
+              + ", ".join(f"{n}: {mb:.0f}" for n, mb in sorted(samples.items()))
+              + (f"; growth after the first 1,000: {100 * (last / first - 1):+.1f}%" if first and last else ""),
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
