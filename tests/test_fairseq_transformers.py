@@ -96,6 +96,17 @@ def test_fairseqs_own_cross_self_attention_keeps_fairseqs_model_with_one_line(ca
                for r in caplog.records)
 
 
+def test_transformer_align_keeps_fairseqs_model_with_one_line(caplog):
+    """fairseq's transformer_align (alignment heads, trained to align): its
+    model and generator, said in one line."""
+    args = options.parse_args_and_arch(options.get_training_parser(), ["data", *TINY, "--arch", "transformer_align"])
+    with caplog.at_level(logging.INFO):
+        assert fairseq_compat.plugin_architecture_for({"model": args}, {}) is None
+    assert [r.message for r in caplog.records if "engine does not build" in r.message] == [
+        "the checkpoint is fairseq's transformer_align, which the plugin's engine does not build (what it "
+        "adds to the transformer): decoding with fairseq's model and generator"]
+
+
 def test_a_fairseq_checkpoint_decodes_with_the_engine_by_default(trained_checkpoints, reorder_data):
     soft = trained_checkpoints["soft"]  # fairseq's own transformer
     default = generate(reorder_data, soft)

@@ -86,14 +86,17 @@ def test_benchmark_random_weights_side_by_side(tmp_path):
         assert r["sentences_per_s_min"] <= r["sentences_per_s_median"] <= r["sentences_per_s_max"]
         assert r["generated_tokens"] == 6 * (4 + 1)  # the fixed length and EOS, every sentence
         assert r["train_target_tokens_per_s_median"] > 0
-        assert 0 < r["pct_of_attention_free_limit"] <= 100
+        assert r["pct_of_attention_free_limit"] > 0
         assert set(r["attention_share"]) >= {"decoder self-attention", "decoder cross-attention"}
         # the projections are part of the decoder's attention sublayers: the core-free
         # limit (sublayers less projections) lies between the speed and the attention-free one
         projections = r["attention_share"]["projections in decoder attention"]
         assert 0 < projections < (r["attention_share"]["decoder self-attention"]
                                   + r["attention_share"]["decoder cross-attention"])
-        assert r["pct_of_attention_free_limit"] < r["pct_of_core_free_limit"] <= 100
+        assert r["pct_of_attention_free_limit"] < r["pct_of_core_free_limit"]
+    # the limits are the baseline's own speed less a share of it; another model, timed
+    # apart, may come within noise of them or pass them (hard retrieval drops the core)
+    assert soft["pct_of_core_free_limit"] < 100
     assert 0 < result["core_free_limit_sentences_per_s"] < result["attention_free_limit_sentences_per_s"]
     assert "AMX" in result["settings"]["device_name"]  # the CPU, and what int8 packs for
     assert soft["params"] == hard["params"]  # hard retrieval adds no parameters
