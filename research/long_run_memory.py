@@ -12,6 +12,8 @@ Example: research/long_run_memory.py --data work/qs6/data-bin
 """
 
 import argparse
+import ctypes
+import logging
 import os
 import random
 import subprocess
@@ -81,7 +83,18 @@ def interactive(args, lines):
                 samples[done] = pss_mb(proc.pid)
     feeder.join()
     proc.wait()
-    return samples
+    return samples, {}
+
+
+def live_mb():
+    """The process's memory once glibc has handed its free pages back
+    (malloc_trim): what the objects alive hold, without the allocator's
+    retained free blocks; None where the C library is not glibc."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        return None
+    return pss_mb(os.getpid())
 
 
 def hub(args, lines):
@@ -92,13 +105,16 @@ def hub(args, lines):
     model = TransformerModel.from_pretrained(os.path.dirname(args.path), os.path.basename(args.path),
                                              data_name_or_path=args.data, user_dir=fairseq_hardattn.USER_DIR,
                                              source_lang=args.source_lang, target_lang=args.target_lang)
-    samples, done = {}, 0
+    logging.getLogger("fairseq").setLevel(logging.WARNING)  # not a line per translate call
+    samples, live, done = {}, {}, 0
     for start in range(0, len(lines), 100):
         model.translate(lines[start:start + 100], beam=4, max_len_b=MAX_LEN_B)
         done = start + len(lines[start:start + 100])
         if done in sampled(len(lines)):
             samples[done] = pss_mb(os.getpid())
-    return samples
+            if done in (1000, len(lines) - 100):
+                live[done] = live_mb()
+    return samples, live
 
 
 def main():
@@ -115,12 +131,19 @@ def main():
         if args.only and not name.endswith(args.only):
             continue
         start = time.time()
-        samples = run(args, lines)
-        first, last = samples.get(1000), samples.get(len(lines) - 100)
+        samples, live = run(args, lines)
         print(f"{name}: {len(lines)} sentences in {time.time() - start:.0f} s; memory (PSS, MB) "
               + ", ".join(f"{n}: {mb:.0f}" for n, mb in sorted(samples.items()))
-              + (f"; growth after the first 1,000: {100 * (last / first - 1):+.1f}%" if first and last else ""),
-              flush=True)
+              + growth(samples, len(lines)), flush=True)
+        if all(live.values()) and live:
+            print(f"{name}: without the allocator's free pages (malloc_trim), "
+                  + ", ".join(f"{n}: {mb:.0f}" for n, mb in sorted(live.items())) + growth(live, len(lines)),
+                  flush=True)
+
+
+def growth(samples, count):
+    first, last = samples.get(1000), samples.get(count - 100)
+    return f"; growth after the first 1,000: {100 * (last / first - 1):+.1f}%" if first and last else ""
 
 
 if __name__ == "__main__":

@@ -210,6 +210,20 @@ def test_memory_profile(tmp_path):
     assert all(r["peak_mb"] > 0 for r in rows)
 
 
+def test_long_run_memory(trained_checkpoints, reorder_data):
+    proc = script("long_run_memory.py", "--data", reorder_data, "--path", trained_checkpoints["soft"],
+                  "--sentences", 1200, "--source-lang", "src", "--target-lang", "tgt")
+    lines = proc.stdout.splitlines()
+    # the memory after the first 1,000 sentences and 100 before the end, from both entry points
+    for name in ("fairseq-interactive", "hub"):
+        line = next(line for line in lines if line.startswith(f"{name}: 1200 sentences"))
+        sizes = [float(mb) for mb in re.findall(r"(?:1000|1100): (\d+)", line)]
+        assert len(sizes) == 2 and min(sizes) > 50, line
+        assert "growth after the first 1,000" in line
+    live = next(line for line in lines if line.startswith("hub: without the allocator's free pages"))
+    assert re.search(r"1000: \d+, 1100: \d+; growth after the first 1,000: [+-]\d", live), live
+
+
 @pytest.mark.parametrize("kind", ["soft", "hard"])
 def test_attention_plot(trained_checkpoints, reorder_data, tmp_path, kind):
     script("plot_attention.py", "--data", reorder_data, "--checkpoint", trained_checkpoints[kind],
