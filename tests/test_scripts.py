@@ -224,6 +224,16 @@ def test_long_run_memory(trained_checkpoints, reorder_data):
     assert re.search(r"1000: \d+, 1100: \d+; growth after the first 1,000: [+-]\d", live), live
 
 
+def test_batch_split_equality(trained_checkpoints, reorder_data):
+    proc = script("batch_split_equality.py", "--data", reorder_data, "--path", trained_checkpoints["hard"],
+                  "--parts", 2, 3, "--source-lang", "src", "--target-lang", "tgt")
+    found = re.findall(r"^fp32, each batch in (\d) parts: of (\d+) sentences, (\d+) with other n-best tokens, "
+                       r"(\d+) with other scores", proc.stdout, flags=re.M)
+    assert [(parts, sentences) for parts, sentences, *_ in found] == [("2", str(TEST_SENTENCES)),
+                                                                      ("3", str(TEST_SENTENCES))]
+    assert all(int(tokens) <= int(scores) <= TEST_SENTENCES for *_, tokens, scores in found)
+
+
 @pytest.mark.parametrize("kind", ["soft", "hard"])
 def test_attention_plot(trained_checkpoints, reorder_data, tmp_path, kind):
     script("plot_attention.py", "--data", reorder_data, "--checkpoint", trained_checkpoints[kind],
