@@ -277,3 +277,44 @@ def test_training_never_starts_workers(reorder_data, tmp_path):
                  "--eval-bleu", "--eval-bleu-args", '{"beam": 2, "max_len_b": 6}', "--batch-size", "4",
                  "--max-tokens", "200", updates=4)
     assert "worker processes" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.skipif(not workers.onednn_linear_available(), reason="PyTorch without oneDNN")
+def test_a_large_batch_is_shared_out_between_the_workers_with_one_processs_hypotheses(monkeypatch):
+    """float32: parts of a batch decode to the bits the whole batch gives
+    (fairseq-generate's default batching makes a few batches of hundreds)."""
+    monkeypatch.setattr(workers, "MIN_PART", 2)
+    model, d = prepared_model("transformer_hard_dec_small", decoding_workers=1)
+    samples = batches_of(d, count=3, size=6)
+    alone = hypotheses_of(decode_as_fairseq_generate(PluginBeamSearch([model], d, beam_size=3, max_len_b=8),
+                                                     samples))
+    model.decoding_workers = 2
+    generator = PluginBeamSearch([model], d, beam_size=3, max_len_b=8)
+    submitted = []
+    monkeypatch.setattr(workers.WorkerPool, "submit",
+                        lambda pool, sample, _submit=workers.WorkerPool.submit:
+                        submitted.append(workers._source_tokens(sample).size(0)) or _submit(pool, sample))
+    together = hypotheses_of(decode_as_fairseq_generate(generator, samples))
+    assert submitted == [3, 3] * 3  # each batch of 6 in two parts
+    assert together == alone
+    generator.close_workers()
+
+
+def test_int8_batches_stay_whole():
+    """int8 quantizes each batch's inputs on their own range: a sentence's
+    scores depend on its batch, so a batch is never shared out."""
+    from fairseq_hardattn.generation.int8 import quantize_for_decoding
+
+    model, _ = prepared_model()
+    assert workers.decodes_rows_alike([model]) == workers.onednn_linear_available()
+    assert not workers.decodes_rows_alike([quantize_for_decoding(model)])
+
+
+def test_rows_of_a_sample_keep_its_width():
+    _, d = prepared_model()
+    sample = batches_of(d, count=1, size=4)[0]
+    sample["nsentences"] = 4
+    part = workers.rows_of(sample, torch.tensor([1, 3]))
+    assert part["id"].tolist() == [1, 3] and part["nsentences"] == 2
+    assert torch.equal(part["net_input"]["src_tokens"], sample["net_input"]["src_tokens"][[1, 3]])
+    assert part["net_input"]["src_tokens"].size(1) == sample["net_input"]["src_tokens"].size(1)
