@@ -40,7 +40,7 @@ from torch import Tensor, nn
 from .. import kernels
 from ..models import decoding_engine
 from ..modules import lineage_decoding, sentence_groups
-from .packed_linear import ROWS_ALIKE, packed_linears
+from .packed_linear import packed_linears
 from .workers import ParallelBatches
 
 
@@ -366,14 +366,9 @@ class StepLogits:
         if self.transposed is None:
             self.transposed = projection.weight.detach().t().contiguous()
         rows, vocab = features.size(0), self.transposed.size(1)
-        if rows < ROWS_ALIKE:  # as the Linear layers: a row's logits whatever rows share the step
-            features = torch.cat([features, features.new_zeros(ROWS_ALIKE - rows, features.size(1))])
-        product_rows = features.size(0)
-        if (self.buffer is None or self.buffer.numel() < product_rows * vocab
-                or self.buffer.dtype != features.dtype):
-            self.buffer = features.new_empty(product_rows * vocab)
-        return torch.mm(features, self.transposed,
-                        out=self.buffer[:product_rows * vocab].view(product_rows, vocab))[:rows]
+        if self.buffer is None or self.buffer.numel() < rows * vocab or self.buffer.dtype != features.dtype:
+            self.buffer = features.new_empty(rows * vocab)
+        return torch.mm(features, self.transposed, out=self.buffer[:rows * vocab].view(rows, vocab))
 
 
 class PluginBeamSearchWithAlignment(SequenceGeneratorWithAlignment, PluginBeamSearch):

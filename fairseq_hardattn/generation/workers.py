@@ -21,11 +21,7 @@ batch they yielded last (``note_yielded``) and read ahead on request
 prefix or constraints, decodes in parallel; any other call decodes as
 before. Outputs are the same as one process's, in the same order: a worker
 decodes a batch exactly as the calling process would (one thread or
-several give the same sums in every kernel the search uses; tested). A
-batch of hundreds of sentences (fairseq-generate's default ``--max-tokens``)
-is shared out in parts where a sentence decodes to the same bits whatever
-sentences share its batch (float32: ``packed_linear``; int8 quantizes each
-batch's inputs on their own range, so its batches stay whole).
+several give the same sums in every kernel the search uses; tested).
 
 Workers run only for models that fairseq's tools prepared for decoding
 (``prepare_for_inference_``: fairseq-generate, fairseq-interactive, the
@@ -53,7 +49,7 @@ from typing import Dict, List, Optional
 import torch
 
 from ..errors import ConfigError
-from .packed_linear import onednn_linear_available, packed_linears
+from .packed_linear import packed_linears
 
 logger = logging.getLogger(__name__)
 
@@ -61,10 +57,6 @@ AUTO = "auto"
 # batches queued per worker: one decoding, one waiting, so that a worker
 # never idles while the calling process prints the last batch
 QUEUED_PER_WORKER = 2
-# a batch of at least twice this many sentences is shared out between the
-# workers in parts of at least this many (fairseq-generate's default
-# --max-tokens makes batches of hundreds: test2016 is three)
-MIN_PART = 64
 
 
 def check_workers(value):
@@ -111,36 +103,6 @@ def _source_tokens(batch):
         net_input = batch.get("net_input")
         return net_input.get("src_tokens") if isinstance(net_input, dict) else None
     return getattr(batch, "src_tokens", None)
-
-
-def rows_of(sample, selected: torch.Tensor):
-    """The part of ``sample`` that holds its sentences ``selected`` (row
-    indices), the padded width kept."""
-    sentences = _source_tokens(sample).size(0)
-
-    def part(value):
-        if isinstance(value, dict):
-            return {key: part(item) for key, item in value.items()}
-        if torch.is_tensor(value) and value.dim() > 0 and value.size(0) == sentences:
-            return value[selected]
-        return value
-
-    shared = part(sample)
-    if "nsentences" in shared:
-        shared["nsentences"] = len(selected)
-    return shared
-
-
-def decodes_rows_alike(models) -> bool:
-    """Whether the search gives a sentence the same bits whatever sentences
-    share its batch: float32 on oneDNN's and MKL's Linear kernels
-    (``packed_linear``), every module alike (``rows_alike``, local and
-    flexible attention are not); not int8, whose inputs are quantized per
-    batch."""
-    return (onednn_linear_available()
-            and all(p.dtype == torch.float32 for m in models for p in m.parameters())
-            and not any(getattr(m, "int8_quantized", False) for m in models)
-            and all(getattr(module, "rows_alike", True) for m in models for module in m.modules()))
 
 
 def note_yielded(source, batch):
@@ -289,7 +251,6 @@ class WorkerPool:
                 self.processes.append(process)
         finally:
             _forking = None
-        self.rows_alike = decodes_rows_alike(generator.model.models)
         self.queued = [collections.deque() for _ in range(workers)]  # task numbers per worker
         self.results = {}
         self.next_number = 0
@@ -369,7 +330,7 @@ class ParallelBatches:
                 _searching -= 1
 
     def generate(self, models, sample, **kwargs):
-        pending = self.__dict__.setdefault("_pending", {})  # id(src_tokens) -> (src_tokens, tasks)
+        pending = self.__dict__.setdefault("_pending", {})  # id(src_tokens) -> (src_tokens, task)
         tokens = _source_tokens(sample)
         # batches read ahead are decoded without a prefix or constraints: so must this one be
         plain = not any(value is not None for value in kwargs.values())
@@ -380,7 +341,7 @@ class ParallelBatches:
         if pool is None:
             return self.generate_here(sample, **kwargs)
         try:
-            numbers = self._submit(pool, sample) if entry is None else entry[1]
+            number = pool.submit(sample) if entry is None else entry[1]
             # keep every worker busy: the batches after this one, up to the window
             window = len(pool.processes) * QUEUED_PER_WORKER
             for ahead in batches_after(sample, window):
@@ -388,22 +349,13 @@ class ParallelBatches:
                     break
                 ahead_tokens = _source_tokens(ahead)
                 if id(ahead_tokens) not in pending:
-                    pending[id(ahead_tokens)] = (ahead_tokens, self._submit(pool, ahead))
-            return [hypotheses for number in numbers for hypotheses in pool.result(number)]
+                    pending[id(ahead_tokens)] = (ahead_tokens, pool.submit(ahead))
+            return pool.result(number)
         except WorkerDied as error:
             logger.warning("fairseq-hardattn: %s; decoding the remaining batches in this process",
                            error)
             self.close_workers()
             return self.generate_here(sample, **kwargs)
-
-    def _submit(self, pool, sample) -> List[int]:
-        """Queue ``sample`` on the workers: a large batch in parts, each its
-        own task, where that gives each sentence what the whole batch would."""
-        sentences = _source_tokens(sample).size(0)
-        parts = min(len(pool.processes), sentences // MIN_PART)
-        if parts < 2 or not pool.rows_alike:
-            return [pool.submit(sample)]
-        return [pool.submit(rows_of(sample, rows)) for rows in torch.arange(sentences).tensor_split(parts)]
 
     def _pool_for(self, sample, plain) -> Optional[WorkerPool]:
         """The worker pool for this call, started on the first call that can

@@ -66,10 +66,6 @@ class FlexibleAttention(CachedProjectionAttention):
 
     new_parameter_prefixes = ("gate_",)
     batch_major_static_cache = True  # the C kernel reads each band as a contiguous block
-    # its centres come from sigmoid and exp over every row's heads at once, and PyTorch's
-    # vectorized loops leave a tensor's last elements to scalar code, which rounds
-    # otherwise: a sentence's last bits depend on its place in the batch (never shared out)
-    rows_alike = False
     use_kernel = True  # False: PyTorch ops only (benchmarks and tests compare both)
 
     def __init__(self, embed_dim, num_heads, *args, sigma: float = 3.0,

@@ -37,10 +37,6 @@ class LocalAttention(CachedProjectionAttention):
 
     new_parameter_prefixes = ("centre_",)
     batch_major_static_cache = True  # windows are contiguous blocks
-    # its centres come from sigmoid and exp over every row's heads at once, and PyTorch's
-    # vectorized loops leave a tensor's last elements to scalar code, which rounds
-    # otherwise: a sentence's last bits depend on its place in the batch (never shared out)
-    rows_alike = False
     lineage_mode = "local"  # the plugin's search on a CPU: one kernel call a step
 
     def __init__(self, embed_dim, num_heads, *args, window: int = 10,
