@@ -3,9 +3,9 @@
 share its batch: each batch of a binarized set decoded whole, then split by
 rows into N parts (the padded width kept, so that only the rows sharing a
 matrix product change), by the plugin's search on one thread; counts the
-sentences whose n-best tokens or scores (bit for bit) differ. Why the
-all-cores workers decode whole batches rather than share out a large one:
-docs/decoding_engine.md cites it.
+sentences whose n-best tokens or scores (bit for bit) differ. What a
+batch decoded in chunks (the search's, for CPU caches and the workers)
+changes in a sentence's output: docs/decoding_engine.md cites it.
 
 Example: research/batch_split_equality.py --data work/qs6/data-bin
     --path work/qs6/checkpoints/checkpoint_best.pt --parts 2 7 [--int8]
@@ -19,15 +19,6 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def rows(sample, selected):
-    """The sample's sentences ``selected``, their padded width kept."""
-    net_input = sample["net_input"]
-    return {"id": sample["id"][selected], "nsentences": len(selected),
-            "net_input": {key: net_input[key][selected]
-                          for key in ("src_tokens", "src_lengths", "prev_output_tokens")},
-            "target": sample["target"][selected]}
 
 
 def differs(whole, split):
@@ -53,8 +44,11 @@ def main():
     from fairseq.models.transformer import TransformerModel
 
     import fairseq_hardattn
+    from fairseq_hardattn.generation import workers
+    from fairseq_hardattn.generation.workers import rows_of
 
     torch.set_num_threads(1)
+    workers.CHUNK_SENTENCES = sys.maxsize  # whole batches: the search's own chunks off
     hub = TransformerModel.from_pretrained(
         os.path.dirname(os.path.abspath(args.path)), os.path.basename(args.path), data_name_or_path=args.data,
         user_dir=fairseq_hardattn.USER_DIR, source_lang=args.source_lang, target_lang=args.target_lang,
@@ -70,7 +64,7 @@ def main():
         whole = generator.generate(models, sample)
         for parts in args.parts:
             split = [hypotheses for part in torch.arange(len(whole)).tensor_split(parts)
-                     for hypotheses in generator.generate(models, rows(sample, part))]
+                     for hypotheses in generator.generate(models, rows_of(sample, part))]
             for a, b in zip(whole, split):
                 tokens, scores, gap = differs(a, b)
                 count = counts[parts]

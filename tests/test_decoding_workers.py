@@ -277,3 +277,55 @@ def test_training_never_starts_workers(reorder_data, tmp_path):
                  "--eval-bleu", "--eval-bleu-args", '{"beam": 2, "max_len_b": 6}', "--batch-size", "4",
                  "--max-tokens", "200", updates=4)
     assert "worker processes" not in proc.stdout + proc.stderr
+
+
+def test_a_large_batch_decodes_in_chunks_with_fairseqs_hypotheses_here_and_in_the_workers(monkeypatch):
+    """A batch of more sentences than CHUNK_SENTENCES: fairseq's generator's
+    hypotheses in order, decoded chunk after chunk in this process and each
+    chunk a task of the workers, the same bits both ways."""
+    from fairseq.sequence_generator import SequenceGenerator
+    from test_beam_search import assert_same_hypotheses
+
+    monkeypatch.setattr(workers, "CHUNK_SENTENCES", 2)
+    model, d = prepared_model("transformer_hard_dec_small", decoding_workers=1)
+    samples = batches_of(d, count=3, size=5)
+    with torch.no_grad():
+        fairseqs = [SequenceGenerator([model], d, beam_size=3, max_len_b=8).generate([model], s) for s in samples]
+    here = decode_as_fairseq_generate(PluginBeamSearch([model], d, beam_size=3, max_len_b=8), samples)
+    for ours, theirs in zip(here, fairseqs):
+        assert_same_hypotheses(ours, theirs)
+    model.decoding_workers = 2
+    generator = PluginBeamSearch([model], d, beam_size=3, max_len_b=8)
+    submitted = []
+    monkeypatch.setattr(workers.WorkerPool, "submit",
+                        lambda pool, sample, _submit=workers.WorkerPool.submit:
+                        submitted.append(workers._source_tokens(sample).size(0)) or _submit(pool, sample))
+    together = decode_as_fairseq_generate(generator, samples)
+    assert submitted == [2, 2, 1] * 3  # each batch of 5 in three chunks
+    assert hypotheses_of(together) == hypotheses_of(here)
+    generator.close_workers()
+
+
+def test_a_batch_with_a_prefix_decodes_whole(monkeypatch):
+    """A prefix (or constraints) belongs to its batch: no chunks."""
+    monkeypatch.setattr(workers, "CHUNK_SENTENCES", 2)
+    model, d = prepared_model(decoding_workers=1)
+    sample = batches_of(d, count=1, size=5)[0]
+    calls = []
+    generator = PluginBeamSearch([model], d, beam_size=2, max_len_b=6)
+    monkeypatch.setattr(PluginBeamSearch, "serial_generate",
+                        lambda self, models, s, _serial=PluginBeamSearch.serial_generate, **kw:
+                        calls.append(workers._source_tokens(s).size(0)) or _serial(self, models, s, **kw))
+    with torch.no_grad():
+        generator.generate([model], sample, prefix_tokens=torch.full((5, 1), 5))
+        generator.generate([model], sample)
+    assert calls == [5, 2, 2, 1]
+
+
+def test_the_rows_of_a_sample_keep_its_width():
+    _, d = prepared_model()
+    sample = batches_of(d, count=1, size=4)[0]
+    sample["nsentences"] = 4
+    part = workers.rows_of(sample, torch.tensor([1, 3]))
+    assert part["id"].tolist() == [1, 3] and part["nsentences"] == 2
+    assert torch.equal(part["net_input"]["src_tokens"], sample["net_input"]["src_tokens"][[1, 3]])
