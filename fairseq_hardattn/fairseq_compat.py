@@ -250,13 +250,13 @@ def plugin_architecture_for(cfg, overrides):
     model and generator then, said in one line)."""
     from fairseq.models.transformer import TransformerModel
 
-    model_class = _model_class(_model_name(cfg, overrides))
+    name = _model_name(cfg, overrides)
+    model_class = _model_class(name)
     if model_class is not TransformerModel:
         if (model_class is not None and issubclass(model_class, TransformerModel)
                 and not _is_plugin(model_class)):  # transformer_align, bart...: fairseq's own additions
             logger.info("the checkpoint is fairseq's %s, which the plugin's engine does not build (what "
-                        "it adds to the transformer): decoding with fairseq's model and generator",
-                        _model_name(cfg, overrides))
+                        "it adds to the transformer): decoding with fairseq's model and generator", name)
         return None
     per_class, ours = plugin_options()
     model = cfg.get("model") if hasattr(cfg, "get") else None

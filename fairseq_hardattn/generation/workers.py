@@ -142,6 +142,12 @@ def chunks_of(sample) -> List[Dict]:
     return [rows_of(sample, rows) for rows in torch.arange(tokens.size(0)).tensor_split(count)]
 
 
+def plain(kwargs) -> bool:
+    """A call without a prefix or constraints: its batch may decode in chunks,
+    and in the workers (those belong to their batch: decoded whole, here)."""
+    return not any(value is not None for value in kwargs.values())
+
+
 def note_yielded(source, batch):
     """``source`` (a lookahead source: ``take_ahead(n)``) yielded ``batch`` in
     this thread; weak references, so nothing is kept alive."""
@@ -361,8 +367,7 @@ class ParallelBatches:
         with _searching_lock:
             _searching += 1
         try:
-            # chunks without a prefix or constraints (those are per batch: decoded whole)
-            chunks = chunks_of(sample) if not any(v is not None for v in kwargs.values()) else [sample]
+            chunks = chunks_of(sample) if plain(kwargs) else [sample]
             return [hypotheses for chunk in chunks
                     for hypotheses in self.serial_generate(self.model.models, chunk, **kwargs)]
         finally:
@@ -373,11 +378,11 @@ class ParallelBatches:
         pending = self.__dict__.setdefault("_pending", {})  # id(src_tokens) -> (src_tokens, tasks)
         tokens = _source_tokens(sample)
         # batches read ahead are decoded without a prefix or constraints: so must this one be
-        plain = not any(value is not None for value in kwargs.values())
-        entry = pending.pop(id(tokens), None) if plain and torch.is_tensor(tokens) else None
+        plain_call = plain(kwargs)
+        entry = pending.pop(id(tokens), None) if plain_call and torch.is_tensor(tokens) else None
         if entry is not None and entry[0] is not tokens:
             entry = None
-        pool = self._pool_for(sample, plain) if entry is None else self._pool
+        pool = self._pool_for(sample, plain_call) if entry is None else self._pool
         if pool is None:
             return self.generate_here(sample, **kwargs)
         try:
@@ -406,11 +411,11 @@ class ParallelBatches:
             self.close_workers()
             return self.generate_here(sample, **kwargs)
 
-    def _pool_for(self, sample, plain) -> Optional[WorkerPool]:
+    def _pool_for(self, sample, plain_call) -> Optional[WorkerPool]:
         """The worker pool for this call, started on the first call that can
         use one; None: decode here."""
         pool = self.__dict__.get("_pool")
-        if pool is not None or not plain or getattr(self, "_workers_off", False):
+        if pool is not None or not plain_call or getattr(self, "_workers_off", False):
             return pool
         models = self.model.models
         src_tokens = _source_tokens(sample)

@@ -33,7 +33,7 @@ from ..errors import ConfigError
 from ..models.attention_kind_base import SMALL_DIMS
 from ..generation.workers import check_workers
 from ..models.decoding_engine import ENGINES
-from .fixtures import (DTYPES, GENERATE_MAX_LEN, DictionaryTask, check_device, device_name, load_models, members,
+from .fixtures import (DTYPES, GENERATE_MAX_LEN, DictionaryTask, check_device, device_name, every_member, load_models,
                        parse_model_specs, random_batches, set_decoding_engine,
                        setup_translation_task, synthetic_dictionary, test_batches, to_device,
                        training_batches)
@@ -185,7 +185,7 @@ def main(argv=None):
                              keep_small_presets=True)
         set_decoding_engine(models, args.decoding_engine)
         if workers is not None:
-            for model in (m for model in models.values() for m in members(model)):
+            for model in every_member(models):
                 model.decoding_workers = workers
         peers = {}
         if args.ctranslate2 and not isolated(args) and (args.only is None or args.only in peer_names):
@@ -227,7 +227,7 @@ def main(argv=None):
     shares = None
     if args.sublayer_times:
         log("attention sublayer shares (one profiled pass per model, in this process: no workers)")
-        for model in (m for model in models.values() for m in members(model)):
+        for model in every_member(models):
             model.decoding_workers = 1
         shares = profile_sublayers(models, dictionary, batches, args.beam, args.fixed_output_len,
                                    max_len_of(args))

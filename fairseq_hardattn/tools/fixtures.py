@@ -100,12 +100,17 @@ def members(model) -> List["torch.nn.Module"]:
     return list(model) if isinstance(model, Ensemble) else [model]
 
 
+def every_member(models: Dict[str, "torch.nn.Module"]) -> List["torch.nn.Module"]:
+    """The models a benchmark's models decode with, ensembles' members included."""
+    return [member for model in models.values() for member in members(model)]
+
+
 def set_decoding_engine(models: Dict[str, "torch.nn.Module"], engine: Optional[str]):
     """``--decoding-engine`` for every model of this plugin (fairseq's own
     models have none: they decode as fairseq does)."""
     if engine is None:
         return
-    for model in (m for model in models.values() for m in members(model)):
+    for model in every_member(models):
         if hasattr(model.decoder, "decoding_engine"):
             model.decoder.decoding_engine = engine
 
