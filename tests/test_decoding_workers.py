@@ -4,8 +4,12 @@ gives, in the same order, through fairseq-generate, fairseq-interactive and
 the hub; errors and dead workers; never in training; and several threads
 decoding with one model and one generator."""
 
+import gc
+import multiprocessing
 import os
 import re
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -117,6 +121,32 @@ def test_alignments_are_computed_in_the_workers_too():
                         for batch in decode_as_fairseq_generate(generator, samples) for sentence in batch]
         assert (generator.__dict__.get("_pool") is not None) == (count == 2)
     assert found[1] == found[2]
+
+
+def test_the_objects_are_frozen_while_batches_are_out_and_in_the_workers(monkeypatch):
+    # the cyclic collector's full passes would scan them all in every process
+    model, d = prepared_model()
+    samples = batches_of(d, count=4)
+
+    def frozen_here(self, models, sample, **kwargs):  # in a worker: inherited by the fork
+        return [[{"frozen": gc.get_freeze_count(), "pid": os.getpid()}]] * len(sample["id"])
+
+    monkeypatch.setattr(PluginBeamSearch, "serial_generate", frozen_here)
+    for frozen_before in (False, True):
+        if frozen_before:  # a process that freezes objects itself: as it left them
+            gc.freeze()
+        generator = PluginBeamSearch([model], d, beam_size=2, max_len_b=6)
+        found, frozen_here_after = [], []
+        with torch.no_grad():
+            for sample in iterators.CountingIterator(samples):
+                found += [h for sentence in generator.generate([model], sample) for h in sentence]
+                frozen_here_after.append(gc.get_freeze_count() > 1000)
+        assert all(h["frozen"] > 1000 and h["pid"] != os.getpid() for h in found)
+        # frozen while batches read ahead are out; after the last, as before
+        assert frozen_here_after == [True, True, True, frozen_before]
+        generator.close_workers()
+        assert (gc.get_freeze_count() > 1000) == frozen_before
+        gc.unfreeze()
 
 
 def test_one_batch_a_prefix_or_an_unprepared_model_decodes_here():
@@ -261,7 +291,41 @@ def test_generate_interactive_and_the_hub_with_two_workers(trained_checkpoints, 
                                                decoding_engine="auto", decoding_workers=count,
                                                batch_size=3)
         translations[count] = hub.translate(lines, beam=3)
+        gc.collect()  # the call's generator, collected, takes its workers with it
+        assert gc.get_freeze_count() == 0 and not multiprocessing.active_children()
     assert translations[2] == translations[1]
+
+
+def test_a_models_first_batch_imports_nothing_once_it_is_loaded(trained_checkpoints, reorder_data):
+    # what the first batch imported (torch's symbolic shapes and SymPy, 0.3 s) comes
+    # with the model instead, before any worker forks: each worker imported it again
+    soft = trained_checkpoints["soft"]
+    script = f"""
+import sys
+import torch
+from fairseq import checkpoint_utils, options, tasks
+from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+args = options.parse_args_and_arch(options.get_generation_parser(), [
+    {str(reorder_data)!r}, "--user-dir", {USER_DIR!r}, "--path", {str(soft)!r}, "--beam", "2",
+    "--gen-subset", "test"])
+cfg = convert_namespace_to_omegaconf(args)
+task = tasks.setup_task(cfg.task)
+task.load_dataset("test")
+models, _ = checkpoint_utils.load_model_ensemble(
+    [{str(soft)!r}], arg_overrides={{"decoding_engine": "auto", "decoding_workers": 1}}, task=task)
+for model in models:  # as fairseq-generate
+    model.prepare_for_inference_(cfg)
+generator = task.build_generator(models, cfg.generation)
+# the whole test set: sentences of several lengths, so padding, which torch checks
+batches = task.get_batch_iterator(task.dataset("test"), max_sentences=20).next_epoch_itr(shuffle=False)
+batch = next(iter(batches))
+loaded = set(sys.modules)
+assert task.inference_step(generator, models, batch)
+print(type(generator).__name__, sorted(m for m in set(sys.modules) - loaded))
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "PluginBeamSearch []"
 
 
 def test_bad_decoding_workers_is_one_line(trained_checkpoints, reorder_data):

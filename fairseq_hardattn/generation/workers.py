@@ -24,7 +24,11 @@ decodes a batch exactly as the calling process would (one thread or
 several give the same sums in every kernel the search uses; tested). A
 batch of hundreds of sentences decodes in chunks (``CHUNK_SENTENCES``), in
 one process one after another, with workers each chunk a task: the same
-chunks either way, so the same output.
+chunks either way, so the same output. While batches are out in the
+workers, the objects alive at the fork are frozen out of Python's cyclic
+collector (``WorkerPool.hold_collector``), and the model's first batch
+imports nothing (``import_what_the_first_batch_imports``): either cost
+every worker a few tenths of a second again.
 
 Workers run only for models that fairseq's tools prepared for decoding
 (``prepare_for_inference_``: fairseq-generate, fairseq-interactive, the
@@ -40,6 +44,7 @@ calling process decoding its batches itself, with one warning.
 
 import collections
 import contextlib
+import gc
 import logging
 import multiprocessing
 import os
@@ -94,6 +99,18 @@ def resolved_workers(setting) -> int:
     if setting in (None, AUTO):
         return available_threads()
     return int(setting)
+
+
+def import_what_the_first_batch_imports():
+    """The encoder's first forward imports torch's symbolic-shapes module and
+    SymPy (torch's key padding mask check, ``torch._check_with``): 0.3 s once
+    per process (two thirds of the warm-up a worker's first batch carried).
+    Imported when the model is prepared for decoding instead, so that the
+    first batch does not wait for it and workers forked later share it."""
+    try:
+        import torch.fx.experimental.symbolic_shapes  # noqa: F401
+    except ImportError:  # another PyTorch: its first batch imports what it needs
+        pass
 
 
 def can_fork() -> bool:
@@ -284,6 +301,10 @@ class WorkerPool:
                 pass
         self.connections, self.processes = [], []
         _forking = generator
+        # the objects alive now (the model, fairseq's modules, the data) out of
+        # the cyclic collector's reach (``hold_collector``); the workers keep them so
+        self.lock, self.holding = threading.Lock(), False
+        self.hold_collector()
         try:
             for _ in range(workers):
                 ours, theirs = context.Pipe()
@@ -292,12 +313,14 @@ class WorkerPool:
                 theirs.close()
                 self.connections.append(ours)
                 self.processes.append(process)
+        except BaseException:
+            self.close()
+            raise
         finally:
             _forking = None
         self.queued = [collections.deque() for _ in range(workers)]  # task numbers per worker
         self.results = {}
         self.next_number = 0
-        self.lock = threading.Lock()
 
     def submit(self, sample) -> int:
         """Queue ``sample`` on the least busy worker; returns its task number."""
@@ -310,6 +333,27 @@ class WorkerPool:
                 raise WorkerDied(self._exited(worker)) from error
             self.queued[worker].append(number)
             return number
+
+    def hold_collector(self):
+        """While batches are out in the workers, keep the objects alive now
+        out of the cyclic collector's reach (``gc.freeze``, unless the process
+        froze objects itself). Its full passes scan every object: 0.17-0.3 s
+        each at the small preset, on a core the workers need, once in every
+        worker (whose pass would also write every object's header, copying
+        the pages it shares with this process) and here while they decode."""
+        with self.lock:
+            if not self.holding and gc.get_freeze_count() == 0:
+                gc.freeze()
+                self.holding = True
+
+    def release_collector(self):
+        """The objects are the collector's again: no batch is out (frozen, a
+        cycle among them, an exception's say, would keep them all, this
+        generator and its workers included)."""
+        with self.lock:
+            if self.holding:
+                self.holding = False
+                gc.unfreeze()
 
     def in_flight(self) -> int:
         return sum(len(q) for q in self.queued)
@@ -348,6 +392,7 @@ class WorkerPool:
             if process.is_alive():
                 process.terminate()
         self.packing.close()
+        self.release_collector()
 
 
 # searches running in this process's threads: a fork copies only the thread
@@ -385,6 +430,7 @@ class ParallelBatches:
         pool = self._pool_for(sample, plain_call) if entry is None else self._pool
         if pool is None:
             return self.generate_here(sample, **kwargs)
+        pool.hold_collector()
         try:
             # each chunk a task of its own: the workers share a large batch out
             numbers = [pool.submit(chunk) for chunk in chunks_of(sample)] if entry is None else entry[1]
@@ -410,6 +456,12 @@ class ParallelBatches:
                            error)
             self.close_workers()
             return self.generate_here(sample, **kwargs)
+        except BaseException:
+            pool.release_collector()
+            raise
+        finally:
+            if not pool.in_flight():  # the last batch of the source, or of its read-ahead
+                pool.release_collector()
 
     def _pool_for(self, sample, plain_call) -> Optional[WorkerPool]:
         """The worker pool for this call, started on the first call that can

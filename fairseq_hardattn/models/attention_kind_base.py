@@ -46,7 +46,7 @@ from ..fairseq_compat import plain_args
 from ..modules import ATTENTION_KINDS, HardRetrievalAttention, TopKAttention, sentence_groups
 from ..modules.hard_retrieval_attention import TRAIN_RETRIEVALS
 from ..generation.int8 import check_int8_decoding, quantize_for_decoding
-from ..generation.workers import check_workers
+from ..generation.workers import check_workers, import_what_the_first_batch_imports
 from . import decoding_engine
 
 logger = logging.getLogger(__name__)
@@ -353,6 +353,7 @@ class AttentionKindTransformerModel(ClearCheckpointErrors, TransformerModel):
         super().prepare_for_inference_(cfg)
         # its weights are final: worker processes may decode with a copy-on-write view of them
         self.prepared_for_inference = True
+        import_what_the_first_batch_imports()
         if getattr(self.args, "int8_decoding", False):
             check_int8_decoding(self, cfg)
             quantize_for_decoding(self)
