@@ -349,7 +349,8 @@ class AttentionKindTransformerModel(ClearCheckpointErrors, TransformerModel):
 
     def prepare_for_inference_(self, cfg):
         """fairseq's tools call it before decoding: int8 Linear layers where
-        the model's options ask for them (``--int8-decoding``)."""
+        the model's options ask for them (``--int8-decoding``), and what the
+        first batch would import, imported now."""
         super().prepare_for_inference_(cfg)
         # its weights are final: worker processes may decode with a copy-on-write view of them
         self.prepared_for_inference = True
