@@ -112,6 +112,71 @@ def random_batch(dictionary, lengths, tgt_len=6, seed=0):
     return src, torch.tensor(lengths), prev
 
 
+# --- the equality the engine promises (docs/decoding_engine.md, "Equality") ------
+# fairseq's hypotheses (tokens, n-best order, alignments) and, across thread
+# counts, workers and chunks, its own; scores equal to float32 rounding, which
+# differs between CPUs and thread counts: |a - b| <= 1e-4 + 1e-5 |b|. The
+# absolute part: a positional score is a logit less the log of the sum of
+# their exponentials, so it carries the rounding of numbers as large as the
+# logits (the tests' decisive models: up to ~100, float32 steps of 7.6e-6)
+FLOAT32_ROUNDING = dict(rtol=1e-5, atol=1e-4)
+
+
+def assert_same_hypotheses(ours, theirs, scores=FLOAT32_ROUNDING):
+    """The contract, for two searches' outputs (a list of n-best lists per sentence)."""
+    assert len(ours) == len(theirs)
+    for i, (mine, expected) in enumerate(zip(ours, theirs)):
+        assert [h["tokens"].tolist() for h in mine] == [h["tokens"].tolist() for h in expected], i
+        torch.testing.assert_close(torch.stack([h["score"] for h in mine]).double(),
+                                   torch.stack([h["score"] for h in expected]).double(), **scores)
+        for a, b in zip(mine, expected):
+            torch.testing.assert_close(a["positional_scores"].double(), b["positional_scores"].double(),
+                                       **scores)
+            if torch.is_tensor(b.get("alignment")):
+                assert torch.equal(a["alignment"], b["alignment"])
+            else:  # --print-alignment: (source, target) pairs
+                assert a.get("alignment") == b.get("alignment")
+
+
+def assert_same_batches(ours, theirs, scores=FLOAT32_ROUNDING):
+    """The contract, batch by batch (lists of a search's outputs)."""
+    assert len(ours) == len(theirs)
+    for mine, expected in zip(ours, theirs):
+        assert_same_hypotheses(mine, expected, scores)
+
+
+# fairseq-generate's and fairseq-interactive's lines with scores: H and D (the
+# score, full precision), P (positional scores, 4 decimals); W is a time
+_SCORED = re.compile(r"^([HDP])-(\d+)\t(.*)$")
+
+
+def output_lines(stdout):
+    """The S/T/H/D/P/A lines of a fairseq-generate or -interactive output."""
+    return [line for line in stdout.splitlines() if re.match(r"^[STHDPA]-\d+\t", line)]
+
+
+def assert_same_output(stdout, expected, scores=FLOAT32_ROUNDING):
+    """Two fairseq-generate / -interactive outputs under the contract: the
+    same lines in the same order, every text and alignment the same, scores
+    to float32 rounding (P's 4 decimals: to one unit of the last)."""
+    ours, theirs = output_lines(stdout), output_lines(expected)
+    assert len(ours) == len(theirs) and ours, (len(ours), len(theirs))
+    for mine, line in zip(ours, theirs):
+        a, b = _SCORED.match(mine), _SCORED.match(line)
+        if b is None:
+            assert mine == line
+            continue
+        assert a is not None and a.group(1, 2) == b.group(1, 2), (mine, line)
+        if b.group(1) == "P":
+            numbers = [torch.tensor([float(x) for x in m.group(3).split()], dtype=torch.float64)
+                       for m in (a, b)]
+            torch.testing.assert_close(*numbers, rtol=scores["rtol"], atol=scores["atol"] + 1e-4)
+        else:
+            (score_a, text_a), (score_b, text_b) = (m.group(3).split("\t", 1) for m in (a, b))
+            assert text_a == text_b, (mine, line)
+            torch.testing.assert_close(float(score_a), float(score_b), **scores)
+
+
 def tool_env(**extra):
     """Environment for a tool started by a test: one thread, this environment's
     executables first on PATH, and no torch.load override (the plugin must
@@ -132,19 +197,26 @@ class ForkServer:
     process = None
 
     @classmethod
-    def run(cls, script, args, cwd, input, timeout):
+    def start(cls, script, args, cwd=None, input=None):
+        """Start ``script`` in a forked child; returns (pid, the files of its
+        stdin, stdout and stderr, a temporary directory to clean up)."""
         if cls.process is None:
             cls.process = subprocess.Popen(
                 [sys.executable, str(Path(__file__).with_name("cli_forkserver.py"))],
                 env=tool_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 bufsize=0)  # unbuffered: a line read never takes the next one, which select waits for
-        with tempfile.TemporaryDirectory() as tmp:
-            files = {name: os.path.join(tmp, name) for name in ("stdin", "stdout", "stderr")}
-            Path(files["stdin"]).write_text(input or "")
-            command = [str(script), *args]
-            request = dict(script=str(script), argv=args, cwd=str(cwd or os.getcwd()), **files)
-            cls.process.stdin.write(json.dumps(request).encode() + b"\n")
-            pid = json.loads(cls.process.stdout.readline())["pid"]
+        tmp = tempfile.TemporaryDirectory()
+        files = {name: os.path.join(tmp.name, name) for name in ("stdin", "stdout", "stderr")}
+        Path(files["stdin"]).write_text(input or "")
+        request = dict(script=str(script), argv=[str(a) for a in args], cwd=str(cwd or os.getcwd()), **files)
+        cls.process.stdin.write(json.dumps(request).encode() + b"\n")
+        pid = json.loads(cls.process.stdout.readline())["pid"]
+        return pid, files, tmp
+
+    @classmethod
+    def finish(cls, pid, files, tmp, command, timeout):
+        """Wait for the child ``start`` gave (killed after ``timeout`` s)."""
+        try:
             if not select.select([cls.process.stdout], [], [], timeout)[0]:
                 os.kill(pid, signal.SIGKILL)
                 cls.process.stdout.readline()
@@ -152,6 +224,13 @@ class ForkServer:
             returncode = json.loads(cls.process.stdout.readline())["returncode"]
             return subprocess.CompletedProcess(command, returncode, Path(files["stdout"]).read_text(),
                                                Path(files["stderr"]).read_text())
+        finally:
+            tmp.cleanup()
+
+    @classmethod
+    def run(cls, script, args, cwd, input, timeout):
+        pid, files, tmp = cls.start(script, args, cwd, input)
+        return cls.finish(pid, files, tmp, [str(script), *args], timeout)
 
 
 def run_cli(tool, *args, cwd=None, check=True, timeout=600, input=None, env=None):

@@ -35,14 +35,14 @@ from fairseq.sequence_generator import SequenceGenerator
 import fairseq_hardattn
 from fairseq_hardattn.generation import PluginBeamSearch
 
-from conftest import build_model, load_with_overrides, make_dictionary
+from conftest import FLOAT32_ROUNDING as SCORES, build_model, load_with_overrides, make_dictionary
 
 DIFFERENTIAL_CASES = int(os.environ.get("FAIRSEQ_HARDATTN_DIFF_CASES", "1500"))
 SEED = int(os.environ.get("FAIRSEQ_HARDATTN_DIFF_SEED", "2026"))
 ARCHS = [a for a in fairseq_hardattn.registered_architectures() if "lstm" not in a]
 # decode-time kinds for the archs whose decoder attention is built of kinds
 KINDS = [None, ("hard", None), ("topk", 1), ("topk", 2), ("topk", 3)]
-SCORES = dict(rtol=1e-5, atol=1e-4)
+
 VOCABS = {"small": 11, "usual": 40}  # 11: 7 words, a beam of 8 has not 2 x beam candidates
 
 

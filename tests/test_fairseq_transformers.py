@@ -20,8 +20,7 @@ from fairseq.sequence_generator import SequenceGenerator
 from fairseq_hardattn import fairseq_compat
 from fairseq_hardattn.generation import PluginBeamSearch, generator_class
 
-from conftest import generate, make_dictionary, random_batch
-from test_beam_search import assert_same_hypotheses
+from conftest import assert_same_hypotheses, generate, make_dictionary, random_batch
 
 TINY = ["--encoder-embed-dim", "32", "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
         "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",

@@ -14,8 +14,8 @@ from fairseq.sequence_generator import SequenceGenerator
 from fairseq_hardattn import kernels
 from fairseq_hardattn.generation import PluginBeamSearch
 
-from conftest import decisive_model, make_dictionary, tool_env
-from test_beam_search import assert_same_hypotheses, sample_of
+from conftest import assert_same_hypotheses, decisive_model, make_dictionary, tool_env
+from test_beam_search import sample_of
 
 SEARCH_KERNELS = ("beam_candidates", "step_attention")
 

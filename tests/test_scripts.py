@@ -234,6 +234,19 @@ def test_batch_split_equality(trained_checkpoints, reorder_data):
     assert all(int(tokens) <= int(scores) <= TEST_SENTENCES for *_, tokens, scores in found)
 
 
+def test_score_equality(trained_checkpoints, reorder_data):
+    proc = script("score_equality.py", "--data", reorder_data, "--path", trained_checkpoints["hard"],
+                  "--source-lang", "src", "--target-lang", "tgt", "--nbest", 2)
+    found = re.findall(r"^engine, (1 thread vs fairseq's generator|2 threads vs 1 thread): of (\d+) sentences, "
+                       r"(\d+) with other n-best tokens, (\d+) with scores that differ in any bit; largest "
+                       r"difference: score (\S+), positional score (\S+)$", proc.stdout, flags=re.M)
+    assert [(name, int(sentences)) for name, sentences, *_ in found] == [
+        ("1 thread vs fairseq's generator", TEST_SENTENCES), ("2 threads vs 1 thread", TEST_SENTENCES)]
+    for _, _, tokens, bits, score, positional in found:  # the contract, on this tiny model too
+        assert int(tokens) == 0 and int(bits) <= TEST_SENTENCES
+        assert float(score) <= 1e-4 and float(positional) <= 1e-4
+
+
 @pytest.mark.parametrize("kind", ["soft", "hard"])
 def test_attention_plot(trained_checkpoints, reorder_data, tmp_path, kind):
     script("plot_attention.py", "--data", reorder_data, "--checkpoint", trained_checkpoints[kind],
