@@ -8,7 +8,10 @@
 #   text, one sentence per line, aligned by line. Split names: TRAIN=train
 #   VALID=valid TEST=test unless set (Multi30k's raw/: VALID=val
 #   TEST=test_2016_flickr). ARCH (default transformer_hard_dec_prenorm_small),
-#   EPOCHS (default 25), BPE_MERGES (default 10000), THREADS (default 2).
+#   EPOCHS (default 25), BPE_MERGES (default 10000), THREADS (default 2),
+#   WARMUP (warmup updates; default: a quarter of the run's updates, at most 800,
+#   so that a short run leaves warmup). A run of fewer than about 500 updates
+#   learns too little to translate well: the script warns.
 #   Runs on the CPU; FAIRSEQ_FLAGS=... adds fairseq-train options. A step that
 #   fails prints the end of its log.
 set -euo pipefail
@@ -46,11 +49,24 @@ done
 step "BPE and binarizing" "$WORK/prepare.log" \
   bash "$(dirname "$0")/bpe_binarize.sh" "$WORK/tok" "$SRC" "$TGT" "$WORK" "$TRAIN" "$VALID" "$TEST"
 
+# the run's updates, estimated: batches of about 4096 tokens (padding included)
+tokens=$(( $(cat "$WORK/bpe/$TRAIN.$SRC" "$WORK/bpe/$TRAIN.$TGT" | wc -w) * 3 / 4 \
+           + $(wc -l < "$WORK/bpe/$TRAIN.$TGT") ))
+updates=$(( EPOCHS * (tokens / 4096 + 1) ))
+if [ -z "${WARMUP:-}" ]; then
+  WARMUP=$(( updates / 4 < 800 ? updates / 4 : 800 ))
+  WARMUP=$(( WARMUP < 1 ? 1 : WARMUP ))
+fi
+if [ "$updates" -lt 500 ]; then
+  echo "quickstart: warning: about $updates updates ($EPOCHS epochs of $(wc -l < "$WORK/bpe/$TRAIN.$TGT") lines)" \
+       "are too few to learn to translate well (expect a BLEU of a few points at most); Multi30k's" \
+       "29,000 lines take about 1,000 updates (6 epochs) to a BLEU in the twenties" >&2
+fi
 # shellcheck disable=SC2086
-step "training $ARCH for $EPOCHS epochs" "$WORK/train.log" \
+step "training $ARCH for $EPOCHS epochs ($WARMUP warmup updates)" "$WORK/train.log" \
   fairseq-train "$WORK/data-bin" --user-dir "$USER_DIR" --arch "$ARCH" --cpu \
   --share-all-embeddings --dropout 0.3 --optimizer adam --adam-betas '(0.9,0.98)' \
-  --lr 0.004 --lr-scheduler inverse_sqrt --warmup-updates 800 \
+  --lr 0.004 --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" \
   --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
   --max-tokens 4096 --max-epoch "$EPOCHS" --save-dir "$WORK/checkpoints" \
   --no-progress-bar --log-format simple ${FAIRSEQ_FLAGS:-}

@@ -9,6 +9,7 @@ so the plugin's exception hook (``report_error``, installed by
 fairseq's and torch's errors about a user's input (``one_line``).
 """
 
+import errno
 import os
 import re
 import sys
@@ -63,6 +64,50 @@ _INPUT_ERRORS = (
 )
 
 
+# options of fairseq's commands that name a file or a directory (by their words)
+_PATH_OPTION = re.compile(r"^--[\w-]*(dir|path|file|pref|dict|codes|model|vocab|input|output)[\w-]*$")
+# why a path could not be made or opened, by errno
+_PATH_REASONS = {errno.EEXIST: "it exists and is a file, not a directory",
+                 errno.EISDIR: "it is a directory, not a file",
+                 errno.EACCES: "permission denied", errno.EPERM: "permission denied",
+                 errno.EROFS: "the file system is read-only",
+                 errno.ENOSPC: "no space left on the device",
+                 errno.ENAMETOOLONG: "the name is too long"}
+
+
+def _given_as(path):
+    """How the user gave ``path`` (or a folder above it) on the command line:
+    '--save-dir f/ckpt', 'the data directory f', or the path itself."""
+    argv = sys.argv[1:]
+    for i, arg in enumerate(argv):
+        option, _, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
+        if not value and option and i + 1 < len(argv):
+            continue  # its value is the next word
+        if value and (path == value or path.startswith(value.rstrip("/") + "/")):
+            previous = argv[i - 1] if i > 0 and not option else option
+            if _PATH_OPTION.match(previous or ""):
+                return f"{previous} {value}"
+            if not option and not (previous or "").startswith("-"):
+                return f"the data directory {value}"
+    return path
+
+
+def _path_problem(exc):
+    """A line for an OSError about a path the user gave: a folder that is a
+    file, a file that is a folder, no permission, a read-only disk."""
+    path = exc.filename
+    if not isinstance(path, str) or exc.errno not in _PATH_REASONS and exc.errno != errno.ENOTDIR:
+        return None
+    reason = _PATH_REASONS.get(exc.errno)
+    if exc.errno == errno.ENOTDIR:  # a part of the path is a file
+        part = path
+        while part and not os.path.exists(part):
+            part = os.path.dirname(part.rstrip("/"))
+        reason = (f"{part} is a file, not a directory" if part and not os.path.isdir(part)
+                  else "a part of it is not a directory")
+    return f"{_given_as(path)}: {reason}"
+
+
 def _raised_in_literal_eval(exc) -> bool:
     """fairseq reads --model-overrides with ``ast.literal_eval``."""
     return isinstance(exc, (ValueError, SyntaxError)) and any(
@@ -87,7 +132,8 @@ def one_line(exc):
             match = pattern.search(str(exc))
             if match:
                 return str(exc) if say is None else f"{say(match)} [{type(exc).__name__}: {exc}]"
-    return None
+    problem = _path_problem(exc) if isinstance(exc, OSError) else None
+    return f"{problem} [{type(exc).__name__}: {exc}]" if problem else None
 
 
 def _debugging():

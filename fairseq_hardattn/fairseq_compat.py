@@ -416,10 +416,29 @@ def cpu_precision_checked(prepare_for_inference):
     return prepare
 
 
+def _check_hub_data(model_dir, data):
+    """``data_name_or_path`` as fairseq resolves it (a path starting with '.'
+    is relative to the model directory): a data directory, or an archive of
+    one."""
+    if not isinstance(data, str) or data.startswith(("http://", "https://")):
+        return
+    path = os.path.join(model_dir, data) if data.startswith(".") else data
+    if not os.path.exists(path):
+        raise ConfigError(f"from_pretrained: no data directory {path!r} (data_name_or_path: the "
+                          "directory fairseq-preprocess wrote, with the dict.*.txt files)")
+    if os.path.isfile(path):
+        import tarfile
+
+        if not tarfile.is_tarfile(path):
+            raise ConfigError(f"from_pretrained: data_name_or_path {path!r} is a file, not a data "
+                              "directory (the one fairseq-preprocess wrote) or an archive of one")
+
+
 def hub_paths_checked(from_pretrained):
-    """Wrap fairseq's ``hub_utils.from_pretrained``: a model directory or
-    checkpoint that does not exist is one ``ConfigError`` naming it (fairseq
-    fails with a ``TypeError`` about ``None``)."""
+    """Wrap fairseq's ``hub_utils.from_pretrained``: a model directory,
+    checkpoint or data directory that does not exist (or is a plain file) is
+    one ``ConfigError`` naming it (fairseq fails with a ``TypeError`` about
+    ``None``, or tarfile's ``ReadError: empty file``)."""
 
     @functools.wraps(from_pretrained)
     def load(model_name_or_path, checkpoint_file="model.pt", data_name_or_path=".",
@@ -434,10 +453,48 @@ def hub_paths_checked(from_pretrained):
                 found = sorted(n for n in os.listdir(model_name_or_path) if n.endswith(".pt"))
                 raise ConfigError(f"from_pretrained: no checkpoint_file {missing[0]!r} in "
                                   f"{model_name_or_path} (it has: {', '.join(found) or 'no .pt file'})")
+            _check_hub_data(model_name_or_path, data_name_or_path)
         return from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path, archive_map,
                                **kwargs)
 
     return load
+
+
+def _sentences_checked(method, sentences):
+    """``sentences`` as the hub's ``translate`` / ``sample`` take them (a str,
+    or a list of str: any iterable of str, read once); else a ``TypeError``
+    naming what was passed."""
+    accepted = "a str or a list of str"
+    if isinstance(sentences, str):
+        return sentences
+    if isinstance(sentences, (bytes, bytearray)):
+        raise TypeError(f"{method}: expects {accepted}, got {type(sentences).__name__} "
+                        f"({bytes(sentences[:40])!r}): decode it first, e.g. .decode('utf-8')")
+    try:
+        sentences = list(sentences)
+    except TypeError:
+        raise TypeError(f"{method}: expects {accepted}, got {type(sentences).__name__} "
+                        f"({sentences!r:.60})") from None
+    for i, sentence in enumerate(sentences):
+        if not isinstance(sentence, str):
+            raise TypeError(f"{method}: sentence {i + 1} of {len(sentences)} is "
+                            f"{type(sentence).__name__} ({sentence!r:.60}), not a str "
+                            f"(it expects {accepted})")
+    return sentences
+
+
+def hub_sentences_checked(method):
+    """Wrap the hub's ``translate`` and ``sample``: fairseq iterates whatever
+    it is given, so bytes became one translation per byte, a None in a list
+    was translated as a sentence, and None or a number failed with a bare
+    ``'NoneType' object is not iterable``. Anything but a str or a list of str
+    is now a ``TypeError`` naming what was passed."""
+
+    @functools.wraps(method)
+    def checked(self, sentences, *args, **kwargs):
+        return method(self, _sentences_checked(method.__name__, sentences), *args, **kwargs)
+
+    return checked
 
 
 def _source_positions(max_positions):
@@ -587,9 +644,39 @@ def model_options_in_help(parse_known_args):
                                                   f"{_arch_in(argv)})"))
                 for action in every._actions:
                     groups[action.dest not in fairseq_own]._add_action(action)
+        if (_is_fairseq_parser(self) and "--beam" in self._option_string_actions
+                and ("-h" in argv or "--help" in argv)
+                and not getattr(self, "_fairseq_hardattn_decoding_help", False)):
+            self._fairseq_hardattn_decoding_help = True
+            _add_decoding_options_help(self)
         return parse_known_args(self, args, namespace)
 
     return parse
+
+
+def _add_decoding_options_help(parser):
+    """A group after fairseq's "Generation" options that lists the plugin's
+    decoding settings, shown as the ``--model-overrides`` keys they are (not
+    options of this command: the command would refuse them)."""
+    from .models.attention_kind_base import DECODING_OPTIONS
+
+    every = argparse.ArgumentParser(add_help=False)
+    _model_class(FAIRSEQ_TRANSFORMER_AS).add_args(every)
+    actions = {action.dest: action for action in every._actions}
+    group = parser.add_argument_group(
+        "fairseq-hardattn decoding (with the plugin loaded)",
+        "settings of the plugin's models, given as --model-overrides keys, e.g. "
+        "--model-overrides \"{'decoding_workers': 1, 'int8_decoding': True}\" (the hub: keywords "
+        "of from_pretrained)")
+    for dest in DECODING_OPTIONS:
+        action = actions[dest]
+        metavar = "True" if action.nargs == 0 else action.metavar
+        group._add_action(argparse._StoreAction([f"'{dest}':"], dest=f"_help_{dest}", metavar=metavar,
+                                                choices=action.choices, help=action.help))
+    groups = parser._action_groups  # listed after fairseq's generation options
+    groups.remove(group)
+    after = next((i + 1 for i, g in enumerate(groups) if g.title == "Generation"), len(groups))
+    groups.insert(after, group)
 
 
 # --- noise ------------------------------------------------------------------
@@ -637,6 +724,8 @@ def install():
     _wrap(ngram_repeat_block.NGramRepeatBlock, "_no_repeat_ngram", generated_tokens_only)
     _wrap(fairseq_model.BaseFairseqModel, "prepare_for_inference_", cpu_precision_checked)
     _wrap(hub_utils, "from_pretrained", hub_paths_checked)
+    for method in ("translate", "sample"):
+        _wrap(hub_utils.GeneratorHubInterface, method, hub_sentences_checked)
     from fairseq.tasks import FairseqTask
 
     _wrap(FairseqTask, "build_generator", plugin_search_routed)
@@ -652,3 +741,7 @@ def install():
 
     if not hasattr(iterators.CountingIterator, "take_ahead"):
         counting_iterator_lookahead(iterators.CountingIterator)
+    from . import command_line
+
+    if command_line.running_a_fairseq_command():
+        command_line.install()

@@ -94,6 +94,10 @@ def test_quickstart_and_the_readmes_python_example(reorder_data, tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert re.fullmatch(r"\d+(\.\d+)?", proc.stdout.strip().splitlines()[-1])  # the BLEU score
+    # one epoch of a tiny corpus: warmup follows the run's updates, and the script says it is short
+    updates = int(re.search(r"quickstart: warning: about (\d+) updates", proc.stderr).group(1))
+    warmup = int(re.search(r"for 1 epochs \((\d+) warmup updates\)", proc.stderr).group(1))
+    assert 1 <= warmup <= max(1, updates // 4) and "too few to learn to translate well" in proc.stderr
     assert "detokenize" not in proc.stderr  # sacreBLEU's warning about tokenized input
     example = subprocess.run([sys.executable, "-c", readme_python_example()], cwd=tmp_path,
                              env=tool_env(), capture_output=True, text=True, timeout=600)

@@ -113,6 +113,55 @@ def test_paths_that_are_not_there(trained_checkpoints, reorder_data, tmp_path):
                                          user_dir=fairseq_hardattn.USER_DIR)
 
 
+def test_path_options_under_a_file_are_one_line(trained_checkpoints, reorder_data, tmp_path):
+    """A folder to write in that is a file, or lies under one: each path
+    option named with what is wrong (fairseq: a traceback ending in
+    NotADirectoryError from os.makedirs or os.listdir)."""
+    hard = trained_checkpoints["hard"]
+    a_file = tmp_path / "f"
+    a_file.write_text("")
+    training = ["--arch", "transformer_hard_dec", *TRAIN_FLAGS, *TINY_DIM_FLAGS, "--max-update", 1]
+    for extra, said in ((["--save-dir", a_file / "ckpt"], f"--save-dir {a_file / 'ckpt'}"),
+                        ([f"--save-dir={a_file}"], f"--save-dir {a_file}"),
+                        (["--save-dir", tmp_path / "ck", "--tensorboard-logdir", a_file / "tb"],
+                         f"--tensorboard-logdir {a_file / 'tb'}")):
+        one_error_line(run_cli("fairseq-train", reorder_data, *training, *extra, check=False),
+                       f"{said}: {a_file} is a file, not a directory")
+    one_error_line(generate(reorder_data, hard, "--results-path", a_file / "out", check=False),
+                   f"--results-path {a_file / 'out'}: {a_file} is a file, not a directory")
+    one_error_line(generate(a_file, hard, check=False),
+                   f"the data directory {a_file}: {a_file} is a file, not a directory")
+    one_error_line(interactive(a_file, hard, ["s1 s2"]),
+                   f"the data directory {a_file}: {a_file} is a file, not a directory")
+    one_error_line(generate(reorder_data, a_file / "x.pt", check=False), f"no checkpoint at {a_file / 'x.pt'}")
+    with pytest.raises(ConfigError, match="from_pretrained: data_name_or_path .* is a file, not a data directory"):
+        TransformerModel.from_pretrained(str(hard.parent), checkpoint_file=hard.name,
+                                         data_name_or_path=str(a_file), user_dir=USER_DIR)
+    with pytest.raises(ConfigError, match="from_pretrained: no data directory"):
+        TransformerModel.from_pretrained(str(hard.parent), checkpoint_file=hard.name,
+                                         data_name_or_path=str(tmp_path / "none"), user_dir=USER_DIR)
+
+
+@pytest.mark.parametrize("sentences, expected", [
+    (b"s1 s2", r"translate: expects a str or a list of str, got bytes \(b's1 s2'\): decode it first"),
+    (["s1 s2", None], r"translate: sentence 2 of 2 is NoneType \(None\), not a str"),
+    (None, r"translate: expects a str or a list of str, got NoneType \(None\)"),
+    (5, r"translate: expects a str or a list of str, got int \(5\)"),
+])
+def test_the_hub_takes_a_str_or_a_list_of_str_and_names_anything_else(trained_checkpoints, reorder_data,
+                                                                      sentences, expected):
+    hard = trained_checkpoints["hard"]
+    hub = TransformerModel.from_pretrained(str(hard.parent), checkpoint_file=hard.name,
+                                           data_name_or_path=str(reorder_data), user_dir=USER_DIR)
+    with pytest.raises(TypeError, match=expected):
+        hub.translate(sentences, beam=2, max_len_b=MAX_LEN_B)
+    with pytest.raises(TypeError, match=expected.replace("translate", "sample")):
+        hub.sample(sentences, beam=2, max_len_b=MAX_LEN_B)
+    one, = hub.translate(("s1 s2",), beam=2, max_len_b=MAX_LEN_B)  # any iterable of str
+    assert one == hub.translate("s1 s2", beam=2, max_len_b=MAX_LEN_B)
+    assert hub.translate(iter(["s1 s2"]), beam=2, max_len_b=MAX_LEN_B) == [one]
+
+
 def test_a_line_too_long_for_the_model_is_named_and_the_session_goes_on(trained_checkpoints, reorder_data):
     lines = ["s1 s2", "s4 s5", "s3 " * 1100, "s7 s8"]
     proc = interactive(reorder_data, trained_checkpoints["hard"], lines, "--buffer-size", 2)
@@ -176,7 +225,8 @@ def test_quickstart_prints_the_error_of_a_failing_step(reorder_data, tmp_path):
                            str(tmp_path / "work")], env=tool_env(ARCH="transformer_hard_dec_smal", EPOCHS="1"),
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode != 0
-    assert "quickstart.sh: training transformer_hard_dec_smal for 1 epochs failed" in proc.stderr
+    assert re.search(r"quickstart.sh: training transformer_hard_dec_smal for 1 epochs \(\d+ warmup "
+                     r"updates\) failed", proc.stderr), proc.stderr[-2000:]
     assert "fairseq-hardattn: error: unknown --arch 'transformer_hard_dec_smal'" in proc.stderr
     missing = subprocess.run(["bash", str(REPO / "examples" / "quickstart.sh"), str(raw), "src", "tgt",
                               str(tmp_path / "work2")], env=tool_env(VALID="val"),
@@ -221,6 +271,23 @@ def test_train_help_lists_the_plugins_options_for_its_architectures(reorder_data
                    "--decoding-workers", "--hard-train-retrieval"):
         assert option in ours and option not in fairseqs
     assert "--encoder-layers" in fairseqs and "--encoder-layers" not in ours
+
+
+def test_generate_and_interactive_help_list_the_plugins_decoding_settings(reorder_data):
+    """Where fairseq lists its generation options, as the --model-overrides
+    keys they are (not options these commands would take)."""
+    for tool in ("fairseq-generate", "fairseq-interactive"):
+        proc = run_cli(tool, reorder_data, "--user-dir", USER_DIR, "--help")
+        groups = re.split(r"\n(?=\S.*:\n)", proc.stdout)
+        titles = [g.split(":\n", 1)[0] for g in groups]
+        ours = titles.index("fairseq-hardattn decoding (with the plugin loaded)")
+        assert titles[ours - 1] == "Generation"
+        for key in ("'decoding_engine':", "'int8_decoding': True", "'decoding_workers': N", "'retrieval_k': K"):
+            assert key in groups[ours], key
+        assert "--model-overrides" in groups[ours]
+    refused = run_cli("fairseq-generate", reorder_data, "--user-dir", USER_DIR, "--decoding-workers", "2",
+                      check=False)
+    one_error_line(refused, "unrecognized arguments: --decoding-workers 2")
 
 
 def test_int8_decoding_says_so_and_a_soft_checkpoint_decoded_hard_warns_of_nothing(trained_checkpoints,

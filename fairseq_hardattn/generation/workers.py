@@ -44,13 +44,17 @@ calling process decoding its batches itself, with one warning.
 
 import collections
 import contextlib
+import copyreg
 import gc
+import io
 import logging
 import multiprocessing
 import os
+import pickle
 import signal
 import sys
 import threading
+import time
 import weakref
 from typing import Dict, List, Optional
 
@@ -249,22 +253,114 @@ class WorkerDied(RuntimeError):
     pass
 
 
-# the generator a worker forked now serves (set only while forking: a
-# process's arguments would keep the generator alive through its pool)
+# what a worker forked now inherits (set only while forking: a process's
+# arguments would keep the generator alive through its pool): the generator it
+# serves, this process's id, whether the main thread forks, and the other
+# workers' pipes (closed in the worker: a worker holding another's pipe would
+# keep that one waiting after this process is gone)
 _forking = None
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_dies_with_parent = None  # the process that asked (a fork hook and a worker's loop both may)
+
+
+def die_with_parent(parent_pid, forked_by_the_main_thread=True):
+    """In a forked process: end when the process that forked it ends, however
+    that ends (SIGKILL included). Linux's parent death signal comes when the
+    forking *thread* ends, so only a child of the main thread (which lives as
+    long as its process) asks for it; a child of another thread watches its
+    parent instead (``PARENT_WATCH_SECONDS``)."""
+    global _dies_with_parent
+    if _dies_with_parent == os.getpid():
+        return
+    _dies_with_parent = os.getpid()
+    if forked_by_the_main_thread:
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            forked_by_the_main_thread = False
+    if os.getppid() != parent_pid:  # the parent ended before the death signal was set
+        os._exit(0)
+    if not forked_by_the_main_thread:
+        threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True,
+                         name="fairseq-hardattn parent watch").start()
+
+
+PARENT_WATCH_SECONDS = 0.2
+
+
+def _watch_parent(parent_pid):
+    while os.getppid() == parent_pid:
+        time.sleep(PARENT_WATCH_SECONDS)
+    os._exit(0)
+
+
+def _tensor_by_value(tensor):
+    """A CPU tensor pickled as the numbers it holds (a view: its own elements
+    only), through numpy where it can."""
+    if tensor.device.type == "cpu" and not tensor.requires_grad:
+        try:
+            return torch.from_numpy, (tensor.numpy(),)
+        except (TypeError, RuntimeError):  # a dtype numpy lacks (bfloat16)
+            pass
+    return tensor.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+
+
+_BY_VALUE = copyreg.dispatch_table.copy()
+_BY_VALUE[torch.Tensor] = _tensor_by_value
+
+
+def send(connection, message):
+    """Send ``message`` down a worker's pipe, its tensors by value. The
+    pipe's own pickler (torch's reductions) would move each tensor to shared
+    memory and hand its file over a socket served by a thread of the sender:
+    a connection per tensor, and a sender killed mid-way left the other
+    side's thread printing a ConnectionResetError."""
+    buffer = io.BytesIO()
+    pickler = pickle.Pickler(buffer, pickle.HIGHEST_PROTOCOL)
+    pickler.dispatch_table = _BY_VALUE
+    pickler.dump(message)
+    connection.send_bytes(buffer.getbuffer())
+
+
+def receive(connection):
+    """What ``send`` sent down ``connection``."""
+    return pickle.loads(connection.recv_bytes())
+
+
+def _detach_from_the_terminal_streams():
+    """stdin and stdout to /dev/null: a worker reads nothing and prints
+    nothing there, and holding them would keep a pipeline's upstream writer
+    (or downstream reader) waiting on it."""
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1):
+        os.dup2(null, fd)
+    os.close(null)
 
 
 def _serve(connection):
     """A worker's loop: decode each batch it is sent, send back the hypotheses."""
     global _searching, _searching_lock
+    generator, parent_pid, by_the_main_thread, others = _forking
+    die_with_parent(parent_pid, by_the_main_thread)
+    for other in others:
+        other.close()
+    _detach_from_the_terminal_streams()
+    # the calling process handles Ctrl-C (and stops the workers); a signal meant
+    # to end the command ends a worker at once (not the parent's handlers)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for number in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if number is not None:
+            signal.signal(number, signal.SIG_DFL)
     # the forking thread held this lock: a fresh one (no search runs here but this loop's)
     _searching, _searching_lock = 0, threading.Lock()
-    generator = _forking
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the calling process handles Ctrl-C
     torch.set_num_threads(1)  # more than one would hang: GNU OpenMP's pool does not survive a fork
     while True:
         try:
-            task = connection.recv()
+            task = receive(connection)
         except (EOFError, OSError):
             break
         if task is None:
@@ -272,14 +368,52 @@ def _serve(connection):
         number, sample = task
         try:
             with torch.no_grad():
-                result = generator.generate_here(sample)
-            connection.send((number, result, None))
+                reply = (number, generator.generate_here(sample), None)
         except BaseException as error:  # handed to the caller
-            try:
-                connection.send((number, None, error))
-            except Exception:  # not picklable
-                connection.send((number, None, RuntimeError(f"{type(error).__name__}: {error}")))
+            reply = (number, None, error)
+        if not _hand_back(connection, reply):  # the caller is gone: nothing to do
+            os._exit(0)
     connection.close()
+
+
+def _hand_back(connection, reply) -> bool:
+    """Send a worker's ``reply``; False when the caller is gone."""
+    try:
+        try:
+            send(connection, reply)
+        except (OSError, EOFError):
+            raise
+        except Exception:  # an error that does not pickle (pickling precedes any write)
+            number, _, error = reply
+            send(connection, (number, None, RuntimeError(f"{type(error).__name__}: {error}")))
+        return True
+    except (OSError, EOFError):
+        return False
+
+
+@contextlib.contextmanager
+def signals_held_while_forking():
+    """Signals with a Python handler (Ctrl-C's KeyboardInterrupt) that arrive
+    while this thread forks are handled after it: Python would run the handler
+    inside a fork hook (logging's, multiprocessing's), where the exception it
+    raises is ignored, and Ctrl-C would be lost."""
+    held = {}
+    if threading.current_thread() is threading.main_thread():  # only it may set handlers
+        for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+            number = getattr(signal, name, None)
+            handler = number and signal.getsignal(number)
+            if callable(handler):
+                held[number] = handler
+    arrived = []
+    for number in held:
+        signal.signal(number, lambda number, frame: arrived.append(number))
+    try:
+        yield
+    finally:
+        for number, handler in held.items():
+            signal.signal(number, handler)
+        for number in arrived:
+            signal.raise_signal(number)
 
 
 class WorkerPool:
@@ -300,21 +434,23 @@ class WorkerPool:
             except Exception:
                 pass
         self.connections, self.processes = [], []
-        _forking = generator
         # the objects alive now (the model, fairseq's modules, the data) out of
         # the cyclic collector's reach (``hold_collector``); the workers keep them so
         self.lock, self.holding = threading.Lock(), False
         self.hold_collector()
+        main_thread = threading.current_thread() is threading.main_thread()
         try:
-            for _ in range(workers):
-                ours, theirs = context.Pipe()
-                process = context.Process(target=_serve, args=(theirs,), daemon=True)
-                process.start()
-                theirs.close()
-                self.connections.append(ours)
-                self.processes.append(process)
+            with signals_held_while_forking():
+                for _ in range(workers):
+                    ours, theirs = context.Pipe()
+                    _forking = (generator, os.getpid(), main_thread, list(self.connections))
+                    process = context.Process(target=_serve, args=(theirs,), daemon=True)
+                    process.start()
+                    theirs.close()
+                    self.connections.append(ours)
+                    self.processes.append(process)
         except BaseException:
-            self.close()
+            self.kill()
             raise
         finally:
             _forking = None
@@ -328,7 +464,7 @@ class WorkerPool:
             worker = min(range(len(self.queued)), key=lambda w: len(self.queued[w]))
             number, self.next_number = self.next_number, self.next_number + 1
             try:
-                self.connections[worker].send((number, sample))
+                send(self.connections[worker], (number, sample))
             except OSError as error:
                 raise WorkerDied(self._exited(worker)) from error
             self.queued[worker].append(number)
@@ -365,7 +501,7 @@ class WorkerPool:
             while number not in self.results:
                 worker = next(w for w, q in enumerate(self.queued) if number in q)
                 try:
-                    done, result, error = self.connections[worker].recv()
+                    done, result, error = receive(self.connections[worker])
                 except (EOFError, OSError) as error:
                     raise WorkerDied(self._exited(worker)) from error
                 self.queued[worker].remove(done)
@@ -381,16 +517,33 @@ class WorkerPool:
         return f"decoding worker {process.pid} exited (code {process.exitcode})"
 
     def close(self):
+        """End the workers: idle ones when told to (they finish at once), busy
+        ones killed (what they decode is no longer wanted)."""
+        if self.in_flight():
+            self.kill()
+            return
         for connection in self.connections:
             try:
-                connection.send(None)
+                send(connection, None)
                 connection.close()
             except OSError:
                 pass
         for process in self.processes:
-            process.join(timeout=5)
+            process.join(timeout=1)
+        self.kill()
+
+    def kill(self):
+        """End the workers now (SIGKILL: a worker writes nothing a kill
+        could leave half done) and give back what the pool holds."""
+        for process in self.processes:
             if process.is_alive():
-                process.terminate()
+                process.kill()
+        for process in self.processes:
+            process.join(timeout=1)
+        for connection in self.connections:
+            connection.close()
+        for queued in getattr(self, "queued", ()):
+            queued.clear()
         self.packing.close()
         self.release_collector()
 
@@ -456,8 +609,8 @@ class ParallelBatches:
                            error)
             self.close_workers()
             return self.generate_here(sample, **kwargs)
-        except BaseException:
-            pool.release_collector()
+        except BaseException:  # an interrupt, a worker's error: the batches out are not wanted
+            self.close_workers(workers_later=True)
             raise
         finally:
             if not pool.in_flight():  # the last batch of the source, or of its read-ahead
@@ -491,9 +644,11 @@ class ParallelBatches:
                     setting, f": the {workers} threads this process may use" if setting == AUTO else "")
         return self._pool
 
-    def close_workers(self):
+    def close_workers(self, workers_later=False):
+        """End this generator's workers; a later call may start others only
+        when ``workers_later`` (after an interrupt; not after a worker died)."""
         pool = self.__dict__.pop("_pool", None)
         self._pending = {}
-        self._workers_off = True
+        self._workers_off = not workers_later
         if pool is not None:
             pool.close()

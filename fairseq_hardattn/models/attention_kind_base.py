@@ -60,6 +60,10 @@ ATTENTION_KIND_OPTIONS = {
     "dec_self_attn_kind": "decoder self-attention",
     "dec_cross_attn_kind": "decoder cross-attention",
 }
+# the options a checkpoint may be decoded with other than it was trained
+# (--model-overrides keys, hub keywords); fairseq-generate --help lists them
+DECODING_OPTIONS = ("decoding_engine", "int8_decoding", "decoding_workers", "dec_self_attn_kind",
+                    "dec_cross_attn_kind", "retrieval_k")
 
 
 def set_defaults(args, **defaults):
