@@ -22,6 +22,24 @@ log "1/2 GPU tests (equality of the captured engine, the search and the kernels)
 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_beam_search.py tests/test_decoding_engine.py \
   tests/test_gpu_kernels.py -k "gpu or cuda or triton" > "$OUT_DIR/tests.txt" 2>&1
 log "tests: $(tail -n 1 "$OUT_DIR/tests.txt")"
+# the verdict: on CUDA, every GPU test ran and passed. Recorded in results/gpu_check/,
+# it lets CUDA_SEARCH_PASSED_AT (models/decoding_engine.py) name its commit, which makes
+# the plugin's search the CUDA default
+COMMIT=${GPU_CHECK_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+"$PYTHON" - "$OUT_DIR/tests.txt" "$DEVICE" "$COMMIT" > "$OUT_DIR/verdict.json" <<'PY'
+import json, re, sys
+import torch
+summary = open(sys.argv[1]).read().strip().splitlines()[-1]
+count = lambda word: int((re.search(rf"(\d+) {word}", summary) or [0, 0])[1])
+passed, failed, errors, skipped = count("passed"), count("failed"), count("error"), count("skipped")
+on_gpu = sys.argv[2] == "cuda" and torch.cuda.is_available()
+# every test ran: none of them skips on a GPU with Triton
+print(json.dumps({"passed": on_gpu and passed > 0 and failed + errors + skipped == 0, "commit": sys.argv[3],
+                  "device": sys.argv[2], "gpu": torch.cuda.get_device_name() if on_gpu else None,
+                  "torch": torch.__version__, "tests_passed": passed, "tests_failed": failed + errors, "tests_skipped": skipped,
+                  "summary": summary}, indent=1))
+PY
+log "verdict: $(tr -d '\n' < "$OUT_DIR/verdict.json")"
 
 # the speed cells: Base dims, random weights, beam 4, every sentence decoded to its
 # source length; fairseq's transformer with fairseq's generator is the peer

@@ -4,6 +4,10 @@ gives the hypotheses of the dynamic one for every Transformer architecture
 capacity); its step is capturable (torch.compile with fullgraph, on the
 CPU); on a GPU the CUDA-graph replay gives the eager hypotheses."""
 
+import json
+import logging
+from types import SimpleNamespace
+
 import pytest
 import torch
 from fairseq import search
@@ -13,7 +17,7 @@ import fairseq_hardattn
 from fairseq_hardattn.models import decoding_engine
 from fairseq_hardattn.modules import static_decoding
 
-from conftest import build_model, decisive_model, make_dictionary, random_batch
+from conftest import REPO, assert_same_hypotheses, build_model, decisive_model, make_dictionary, random_batch
 
 TRANSFORMER_ARCHS = [a for a in fairseq_hardattn.registered_architectures() if "lstm" not in a]
 
@@ -25,7 +29,7 @@ def hypotheses(model, d, src, lengths, engine, prefix_tokens=None, **generator_a
     with torch.no_grad():
         found = generator.generate(None, {"net_input": {"src_tokens": src, "src_lengths": lengths}},
                                    prefix_tokens=prefix_tokens)
-    return [[(h["tokens"].tolist(), round(float(h["score"]), 3)) for h in hyps] for hyps in found]
+    return found
 
 
 # natural endings: sentences finish at different steps and leave the batch
@@ -43,12 +47,12 @@ def test_static_engine_gives_the_dynamic_hypotheses(arch):
     d = make_dictionary()
     model = decisive_model(arch, d)
     src, lengths = five_sentences(d)
-    assert (hypotheses(model, d, src, lengths, "static", **FINISHING)
-            == hypotheses(model, d, src, lengths, "dynamic", **FINISHING))
+    assert_same_hypotheses(hypotheses(model, d, src, lengths, "static", **FINISHING),
+                           hypotheses(model, d, src, lengths, "dynamic", **FINISHING))
     # 24 steps: the caches outgrow their first capacity (16) once
     long = dict(beam_size=3, min_len=24, max_len_a=0, max_len_b=24)
-    assert (hypotheses(model, d, src, lengths, "static", **long)
-            == hypotheses(model, d, src, lengths, "dynamic", **long))
+    assert_same_hypotheses(hypotheses(model, d, src, lengths, "static", **long),
+                           hypotheses(model, d, src, lengths, "dynamic", **long))
 
 
 # the searches fairseq-generate offers besides plain beam search (the engine
@@ -76,8 +80,8 @@ def test_static_engine_gives_the_dynamic_hypotheses_of_other_searches(arch, sear
     src, lengths = five_sentences(d)
     prefix = src[:, -3:-1] if search_name == "prefix" else None  # two tokens forced per sentence
     generator_args = OTHER_SEARCHES[search_name](d)
-    assert (hypotheses(model, d, src, lengths, "static", prefix, **generator_args)
-            == hypotheses(model, d, src, lengths, "dynamic", prefix, **generator_args))
+    assert_same_hypotheses(hypotheses(model, d, src, lengths, "static", prefix, **generator_args),
+                           hypotheses(model, d, src, lengths, "dynamic", prefix, **generator_args))
 
 
 def decoder_heads(model):
@@ -93,8 +97,8 @@ def test_static_engine_with_more_decoder_heads_than_encoder_heads(arch):
     model = decisive_model(arch, d, decoder_attention_heads=8)
     assert decoder_heads(model) == {8}
     src, lengths = five_sentences(d)
-    assert (hypotheses(model, d, src, lengths, "static", **FINISHING)
-            == hypotheses(model, d, src, lengths, "dynamic", **FINISHING))
+    assert_same_hypotheses(hypotheses(model, d, src, lengths, "static", **FINISHING),
+                           hypotheses(model, d, src, lengths, "dynamic", **FINISHING))
 
 
 def test_the_static_state_keeps_its_tensors_across_steps():
@@ -180,12 +184,12 @@ def test_captured_graph_gives_the_eager_hypotheses_on_a_gpu(arch):
     model = decisive_model(arch, d).float().cuda()
     src, lengths = five_sentences(d)
     src, lengths = src.cuda(), lengths.cuda()
-    assert decoding_engine.resolved("auto", src) == "graph"  # the default on CUDA
+    assert decoding_engine.resolved("search", src) == "graph"  # the plugin's search on CUDA
     fixed = dict(beam_size=4, min_len=20, max_len_a=0, max_len_b=20)  # outgrows the first capacity
     for generator_args in (fixed, FINISHING):
         expected = hypotheses(model, d, src, lengths, "dynamic", **generator_args)
-        for engine in ("graph", "auto"):
-            assert hypotheses(model, d, src, lengths, engine, **generator_args) == expected, engine
+        for engine in ("graph", "search"):
+            assert_same_hypotheses(hypotheses(model, d, src, lengths, engine, **generator_args), expected)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -195,5 +199,51 @@ def test_captured_graph_with_more_decoder_heads_than_encoder_heads_on_a_gpu(arch
     model = decisive_model(arch, d, decoder_attention_heads=8).float().cuda()
     src, lengths = five_sentences(d)
     src, lengths = src.cuda(), lengths.cuda()
-    assert (hypotheses(model, d, src, lengths, "graph", **FINISHING)
-            == hypotheses(model, d, src, lengths, "dynamic", **FINISHING))
+    assert_same_hypotheses(hypotheses(model, d, src, lengths, "graph", **FINISHING),
+                           hypotheses(model, d, src, lengths, "dynamic", **FINISHING))
+
+
+class OnCuda:
+    """Stands for a CUDA tensor where ``resolved`` reads only the device."""
+    is_cuda = True
+
+
+def test_on_cuda_auto_is_fairseqs_generator_until_the_gpu_check_passes(monkeypatch, caplog):
+    """``auto`` on CUDA: fairseq's generator and step, with one log line
+    naming the other choice, until scripts/gpu_check.sh has passed on a GPU
+    (``CUDA_SEARCH_PASSED_AT``, recorded in results/gpu_check/verdict.json);
+    ``search`` chooses the plugin's search there; a CPU is not affected."""
+    from fairseq_hardattn import generation
+    from fairseq_hardattn.generation import PluginBeamSearch
+
+    d = make_dictionary()
+    model = decisive_model("transformer_hard_dec", d)
+    args = SimpleNamespace(beam=4, nbest=1, sampling=False, print_alignment=False)
+    monkeypatch.setattr(decoding_engine, "CUDA_SEARCH_PASSED_AT", None)
+    assert decoding_engine.resolved("auto", OnCuda()) == "dynamic"
+    assert decoding_engine.resolved("search", OnCuda()) == "graph"
+    assert decoding_engine.resolved("auto", torch.zeros(1)) == decoding_engine.CPU_STEP
+    assert generation.generator_class([model], args)[0] is PluginBeamSearch  # on this CPU
+    monkeypatch.setattr(generation, "on_cuda", lambda models: True)
+    with caplog.at_level(logging.INFO):
+        assert generation.generator_class([model], args) is None
+    said = [r.message for r in caplog.records if "gpu_check" in r.message]
+    assert len(said) == 1 and "{'decoding_engine': 'search'}" in said[0]
+    model.decoder.decoding_engine = "search"
+    assert generation.generator_class([model], args)[0] is PluginBeamSearch
+    model.decoder.decoding_engine = "auto"
+    monkeypatch.setattr(decoding_engine, "CUDA_SEARCH_PASSED_AT", "0" * 40)
+    assert decoding_engine.resolved("auto", OnCuda()) == "graph"
+    assert generation.generator_class([model], args)[0] is PluginBeamSearch
+
+
+def test_auto_is_the_search_everywhere_only_at_a_commit_the_device_check_passed():
+    """A commit in ``CUDA_SEARCH_PASSED_AT`` is one at which the record of
+    scripts/gpu_check.sh says every GPU test ran and passed."""
+    commit = decoding_engine.CUDA_SEARCH_PASSED_AT
+    record = REPO / "results" / "gpu_check" / "verdict.json"
+    if commit is None:
+        pytest.skip("the GPU check has not passed on a GPU at a recorded commit: auto is fairseq's on CUDA")
+    verdict = json.loads(record.read_text())
+    assert verdict["passed"] and verdict["commit"] == commit and verdict["device"] == "cuda"
+    assert verdict["tests_passed"] > 0 and verdict["tests_failed"] == verdict["tests_skipped"] == 0

@@ -44,11 +44,25 @@ _GRAPH = "fairseq_hardattn.decoding_graph"
 INITIAL_CAPACITY = 16
 
 
+# The commit at which scripts/gpu_check.sh last passed on a GPU (its record:
+# results/gpu_check/verdict.json); None: it has not. Until it has, ``auto`` on
+# CUDA is fairseq's generator and step, which fairseq runs on GPUs; ``search``
+# chooses the plugin's search there.
+CUDA_SEARCH_PASSED_AT = None
+
+
+def cuda_auto_is_fairseqs(engine: str) -> bool:
+    """Whether ``engine`` on CUDA decodes with fairseq's generator and step."""
+    return engine == "auto" and CUDA_SEARCH_PASSED_AT is None
+
+
 def resolved(engine: str, tokens: Tensor) -> str:
     """How a step runs: ``dynamic``, ``static`` or ``graph``. The plugin's
-    search (``auto``, ``search``) steps as ``graph`` on CUDA and as
-    ``CPU_STEP`` elsewhere; ``fairseq`` (``dynamic``, its former name) as
-    fairseq does."""
+    search (``search``; ``auto`` unless on an unchecked GPU) steps as
+    ``graph`` on CUDA and as ``CPU_STEP`` elsewhere; ``fairseq``
+    (``dynamic``, its former name) as fairseq does."""
+    if engine == "auto" and tokens.is_cuda and cuda_auto_is_fairseqs(engine):
+        return "dynamic"
     if engine in ("auto", "search"):
         return "graph" if tokens.is_cuda else CPU_STEP
     return "dynamic" if engine == "fairseq" else engine
