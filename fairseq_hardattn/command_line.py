@@ -5,7 +5,8 @@ elsewhere (the hub, a notebook, a server keep their own handling).
 
 - SIGINT, SIGTERM and SIGHUP end the command at once with one line and the
   shell's usual status (128 + the signal's number: 130, 143, 129), its
-  decoding workers with it. fairseq's commands printed a KeyboardInterrupt
+  decoding workers with it; one the command was started ignoring (``nohup``:
+  SIGHUP) stays ignored. fairseq's commands printed a KeyboardInterrupt
   traceback for Ctrl-C, after waiting for the workers to finish their
   batches, and SIGTERM left the workers running.
 - Standard output is line-buffered, each line written in one piece (also
@@ -119,8 +120,11 @@ def install():
         os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
     _installed_in = os.getpid()
     for name in ENDING_SIGNALS:
-        if hasattr(signal, name):
-            signal.signal(getattr(signal, name), _stop)
+        number = getattr(signal, name, None)
+        # one ignored by whoever started the command stays ignored (nohup: SIGHUP;
+        # a job in a script's background: SIGINT)
+        if number is not None and signal.getsignal(number) is not signal.SIG_IGN:
+            signal.signal(number, _stop)
     try:  # each line in one write (PYTHONUNBUFFERED: a line's text and its end apart)
         sys.stdout.reconfigure(line_buffering=True, write_through=False)
     except (AttributeError, ValueError):  # not a text stream of its own

@@ -21,6 +21,7 @@ import logging
 import os
 import re
 import runpy
+import signal
 import sys
 from pathlib import Path
 
@@ -32,8 +33,19 @@ def configures_logging_first(module_file):
     return bool(top_level) and top_level[0].startswith("logging")
 
 
+def as_started_from_a_terminal():
+    """The signal dispositions of a command typed at a terminal: Ctrl-C raises
+    KeyboardInterrupt, SIGTERM and SIGHUP end the process (a server started in
+    the background of a non-interactive shell would ignore SIGINT, and so
+    would every child it forks)."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for number in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(number, signal.SIG_DFL)
+
+
 def run_console_script(request):
     """In the forked child: run one console script and return its exit code."""
+    as_started_from_a_terminal()
     os.chdir(request["cwd"])
     written = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
     for fd, (path, mode) in enumerate([(request["stdin"], os.O_RDONLY),

@@ -235,3 +235,23 @@ def test_a_command_writes_whole_lines_only_also_unbuffered():
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout == "a whole line\n"
+
+
+def test_a_signal_the_command_was_started_ignoring_stays_ignored(long_task):
+    """``nohup fairseq-generate ...``: SIGHUP (a closed terminal) changes
+    nothing, in the command or its workers; SIGTERM still ends it."""
+    data, checkpoint, _ = long_task
+    command = [str(BIN_DIR / "fairseq-generate"), str(data), "--user-dir", USER_DIR, "--path", str(checkpoint),
+               *map(str, SLOW)]
+    proc = subprocess.Popen(command, env=tool_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    assert proc.stdout.readline().startswith("S-")  # decoding, in the workers
+    family = descendants(proc.pid)
+    assert len(family) >= 2
+    proc.send_signal(signal.SIGHUP)
+    time.sleep(1.0)
+    assert proc.poll() is None and sum(running(p) for p in family) >= 2  # the decoding workers too
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert err.splitlines()[-1] == "fairseq-hardattn: stopped by SIGTERM"

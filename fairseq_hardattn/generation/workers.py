@@ -350,10 +350,11 @@ def _serve(connection):
         other.close()
     _detach_from_the_terminal_streams()
     # the calling process handles Ctrl-C (and stops the workers); a signal meant
-    # to end the command ends a worker at once (not the parent's handlers)
+    # to end the command ends a worker at once (not the parent's handlers), one
+    # the command ignores (nohup's SIGHUP) the worker ignores too
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for number in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
-        if number is not None:
+        if number is not None and signal.getsignal(number) is not signal.SIG_IGN:
             signal.signal(number, signal.SIG_DFL)
     # the forking thread held this lock: a fresh one (no search runs here but this loop's)
     _searching, _searching_lock = 0, threading.Lock()
