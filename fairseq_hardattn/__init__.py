@@ -9,7 +9,7 @@ checked ``--model-overrides``, quieter library warnings).
 
 from . import fairseq_compat
 from .errors import ConfigError
-from . import bpe, criterions, models  # noqa: F401
+from . import bpe, criterions, decoding, models  # noqa: F401
 
 fairseq_compat.install()  # before anything loads a checkpoint
 

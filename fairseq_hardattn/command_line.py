@@ -31,7 +31,7 @@ import signal
 import sys
 import threading
 
-from .generation.workers import die_with_parent
+from .decoding.workers import die_with_parent
 
 ENDING_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
 _installed_in = None  # the process that installed the handlers (a worker forked from it inherits them)

@@ -50,7 +50,7 @@ Each piece names the fairseq behaviour it changes and is pinned by a test
   fairseq-interactive iterates its ``make_batches``. Both can now read
   ahead on request and note the batch they yielded last in each thread, so
   that the plugin's search decodes the next batches in worker processes
-  meanwhile (``generation.workers``). What they yield, and its order, is
+  meanwhile (``decoding.read_ahead``). What they yield, and its order, is
   unchanged.
 - Warnings about fairseq's own use of its libraries (Hydra's deprecated
   APIs, ``torch.cuda.amp.autocast``, ``pin_memory`` without a GPU, torch's
@@ -541,7 +541,7 @@ def long_lines_skipped(make_batches):
 def read_ahead(make_batches):
     """fairseq-interactive's batches, able to read ahead (``workers``)."""
 
-    from .generation.workers import InteractiveBatches
+    from .decoding.read_ahead import InteractiveBatches
 
     @functools.wraps(make_batches)
     def batches(*args, **kwargs):
@@ -555,7 +555,7 @@ def plugin_search_routed(build_generator):
     fairseq-interactive, ``--eval-bleu`` and the hub get their generator:
     this plugin's models decode with its beam search where they ask for it
     (``--decoding-engine``) and it supports the options
-    (``generation.generator_class``); everything else as fairseq builds it."""
+    (``decoding.generator_class``); everything else as fairseq builds it."""
 
     @functools.wraps(build_generator)
     def build(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None,
@@ -564,7 +564,7 @@ def plugin_search_routed(build_generator):
         if beam < 1:  # fairseq fails mid-search ("cannot reshape tensor of 0 elements")
             raise ConfigError(f"--beam must be >= 1, got {beam}")
         if seq_gen_cls is None:
-            from .generation import generator_class
+            from .decoding import generator_class
 
             chosen = generator_class(models, args, extra_gen_cls_kwargs, prefix_allowed_tokens_fn)
             if chosen is not None:
@@ -658,7 +658,7 @@ def _add_decoding_options_help(parser):
     """A group after fairseq's "Generation" options that lists the plugin's
     decoding settings, shown as the ``--model-overrides`` keys they are (not
     options of this command: the command would refuse them)."""
-    from .models.attention_kind_base import DECODING_OPTIONS
+    from .models.decoding_options import DECODING_OPTIONS
 
     every = argparse.ArgumentParser(add_help=False)
     _model_class(FAIRSEQ_TRANSFORMER_AS).add_args(every)
@@ -737,7 +737,7 @@ def install():
           lambda make_batches: read_ahead(long_lines_skipped(make_batches)))
     from fairseq.data import iterators
 
-    from .generation.workers import counting_iterator_lookahead
+    from .decoding.read_ahead import counting_iterator_lookahead
 
     if not hasattr(iterators.CountingIterator, "take_ahead"):
         counting_iterator_lookahead(iterators.CountingIterator)

@@ -34,7 +34,7 @@ from fairseq_hardattn.modules import (  # noqa: E402
     FlexibleAttention,
     HardRetrievalAttention,
     LocalAttention,
-    sentence_groups,
+    decoding_step,
 )
 from fairseq_hardattn.tools.fixtures import DTYPES, check_device  # noqa: E402
 from fairseq_hardattn.tools.reporting import write_outputs  # noqa: E402
@@ -82,7 +82,7 @@ def decode(module, encoder, queries, beam):
     """Seconds of the first step (encoder K/V projected) and of the others."""
     state = {}
     # ours read the hypotheses per sentence from the decoding call, as the decoder sets it
-    sentence_groups.set_hypotheses_per_sentence(state, beam)
+    decoding_step.set_hypotheses_per_sentence(state, beam)
     with torch.no_grad():
         synchronize()
         start = time.perf_counter()

@@ -44,8 +44,8 @@ def main():
     from fairseq.models.transformer import TransformerModel
 
     import fairseq_hardattn
-    from fairseq_hardattn.generation import workers
-    from fairseq_hardattn.generation.workers import rows_of
+    from fairseq_hardattn.decoding import workers
+    from fairseq_hardattn.decoding.workers import rows_of
 
     torch.set_num_threads(1)
     workers.CHUNK_SENTENCES = sys.maxsize  # whole batches: the search's own chunks off

@@ -2,7 +2,7 @@
 """Does torch.compile pay for a CPU decoding step? The plugin's search with
 its eager step (the default on a CPU: lineage decoding, the C kernels)
 against the same search stepping through the static engine's layers
-compiled by inductor (``torch.compile(decoding_engine.layers_step)``): the
+compiled by inductor (``torch.compile(fixed_shape_step.layers_step)``): the
 compile time (the first pass, cold and from inductor's cache) and the
 steady-state speed, one model, random weights, fixed output lengths.
 
@@ -18,7 +18,7 @@ import time
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 
-from fairseq_hardattn.models import decoding_engine  # noqa: E402
+from fairseq_hardattn.decoding import fixed_shape_step  # noqa: E402
 from fairseq_hardattn.models.attention_kind_base import SMALL_DIMS  # noqa: E402
 from fairseq_hardattn.tools.fixtures import (DictionaryTask, load_models, make_generator,  # noqa: E402
                                              parse_model_specs, prepare_for_decoding, random_batches,
@@ -52,7 +52,7 @@ def main():
     eager = min(timed() for _ in range(args.reps))
     model.decoder.decoding_engine = "static"  # fixed shapes: one compiled graph per capacity
     eager_static = min(timed() for _ in range(args.reps))
-    decoding_engine.layers_step = torch.compile(decoding_engine.layers_step, dynamic=False)
+    fixed_shape_step.layers_step = torch.compile(fixed_shape_step.layers_step, dynamic=False)
     first = timed()  # compiles (inductor's cache may hold earlier compilations)
     compiled = min(timed() for _ in range(args.reps))
     rows = [("the search, eager step (the default)", eager), ("the search, static step, eager", eager_static),

@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """The Linear layer on each of PyTorch's CPU kernels at the shapes of a
 decoding step: float32 as ``nn.Linear`` runs it (MKL) and packed for oneDNN
-(``generation/packed_linear.py``), and the dynamic int8 Linear packed for
+(``decoding/packed_linear.py``), and the dynamic int8 Linear packed for
 each quantized engine (its default, x86 / fbgemm, and oneDNN): the evidence
 behind which layers the search packs in float32 (``MIN_PACKED_WEIGHT``) and
-which engines int8 decoding packs for (``generation/int8.py``,
+which engines int8 decoding packs for (``decoding/int8.py``,
 ``packing_engines``) on this CPU.
 
 Shapes are rows x in -> out: hypotheses (batch x beam) by the layer's
@@ -27,8 +27,8 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils import benchmark  # noqa: E402
 
-from fairseq_hardattn.generation import packed_linear  # noqa: E402
-from fairseq_hardattn.generation.int8 import keep_large_blocks_in_the_heap, pack_int8, packing_engines  # noqa: E402
+from fairseq_hardattn.decoding import packed_linear  # noqa: E402
+from fairseq_hardattn.decoding.int8 import keep_large_blocks_in_the_heap, pack_int8, packing_engines  # noqa: E402
 from fairseq_hardattn.tools.fixtures import device_name  # noqa: E402
 from fairseq_hardattn.tools.reporting import write_outputs  # noqa: E402
 

@@ -23,7 +23,7 @@ log "1/2 GPU tests (equality of the captured engine, the search and the kernels)
   tests/test_gpu_kernels.py -k "gpu or cuda or triton" > "$OUT_DIR/tests.txt" 2>&1
 log "tests: $(tail -n 1 "$OUT_DIR/tests.txt")"
 # the verdict: on CUDA, every GPU test ran and passed. Recorded in results/gpu_check/,
-# it lets CUDA_SEARCH_PASSED_AT (models/decoding_engine.py) name its commit, which makes
+# it lets CUDA_SEARCH_PASSED_AT (decoding/engines.py) name its commit, which makes
 # the plugin's search the CUDA default
 COMMIT=${GPU_CHECK_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 "$PYTHON" - "$OUT_DIR/tests.txt" "$DEVICE" "$COMMIT" > "$OUT_DIR/verdict.json" <<'PY'

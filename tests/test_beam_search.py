@@ -15,10 +15,10 @@ from fairseq.sequence_generator import SequenceGenerator, SequenceGeneratorWithA
 
 import fairseq_hardattn
 from fairseq_hardattn import kernels
-from fairseq_hardattn.generation import PluginBeamSearch, PluginBeamSearchWithAlignment, generator_class
-from fairseq_hardattn.generation import beam_search, packed_linear
+from fairseq_hardattn.decoding import PluginBeamSearch, PluginBeamSearchWithAlignment, generator_class
+from fairseq_hardattn.decoding import beam_search, lineage, packed_linear
 from fairseq_hardattn.modules import (CrossSelfAttention, HardRetrievalAttention, LocalAttention,
-                                      SoftAttention, TopKAttention, lineage_decoding)
+                                      SoftAttention, TopKAttention)
 
 from conftest import assert_same_hypotheses, build_model, decisive_model, make_dictionary, random_batch
 
@@ -59,11 +59,11 @@ def test_every_attention_with_a_kernel_mode_attends_through_the_kernel_on_every_
     none through PyTorch's ops; sentences finish early, so the batch shrinks
     on the way."""
     calls = collections.Counter()
-    for name in ("attend_step", "attend_source_step", "attend_window_step"):
-        def spy(module, *args, _original=getattr(lineage_decoding, name), **kwargs):
+    for name in ("self_attention", "source_attention", "window_attention"):
+        def spy(self, module, *args, _original=getattr(lineage.Lineage, name), **kwargs):
             calls[module] += 1
-            return _original(module, *args, **kwargs)
-        monkeypatch.setattr(lineage_decoding, name, spy)
+            return _original(self, module, *args, **kwargs)
+        monkeypatch.setattr(lineage.Lineage, name, spy)
     d = make_dictionary(40)
     model = decisive_model(arch, d, flexible_mean_source_length=6.0).float()
     with torch.no_grad():
@@ -236,7 +236,7 @@ def test_hard_alignments_of_every_row_at_once_are_fairseqs():
     pad and EOS."""
     from fairseq import utils
 
-    from fairseq_hardattn.generation.beam_search import hard_alignments
+    from fairseq_hardattn.decoding.beam_search import hard_alignments
 
     g = torch.Generator().manual_seed(3)
     pad, eos, rows, tgt_len, src_len = 1, 2, 40, 7, 9
@@ -266,7 +266,7 @@ def test_hard_alignments_of_every_row_at_once_are_fairseqs():
 def test_unsupported_options_fall_back_to_fairseqs_generator_with_one_line(options, reason, caplog):
     model = decisive_model("transformer_hard_dec_small", make_dictionary(40))
     args = argparse.Namespace(**options)
-    with caplog.at_level(logging.INFO, logger="fairseq_hardattn.generation"):
+    with caplog.at_level(logging.INFO, logger="fairseq_hardattn.decoding"):
         assert generator_class([model], args) is None
     assert [r.getMessage() for r in caplog.records] == [
         f"the plugin's beam search does not run {reason}: decoding with fairseq's generator"]
@@ -302,7 +302,7 @@ def test_the_step_kernel_attends_the_encoder_and_each_hypothesis_history(mode, p
     hypothesis's sentence (padding skipped; a time-major cache's strides) and
     of its ancestors, gathered, then one soft attention, hard retrieval's
     argmax or top-3 attention over both."""
-    from fairseq_hardattn.modules.lineage_decoding import MODES
+    from fairseq_hardattn.decoding.lineage import MODES
 
     g = torch.Generator().manual_seed(7)
     capacity, rows0, heads, dim, rows, length, group, src_len = 9, 6, 2, 8, 6, 7, 3, 5
@@ -350,7 +350,7 @@ def test_the_kernels_split_rows_over_torchs_threads_with_the_same_sums():
     thread's results bit for bit (they own their order of sums); a whole
     search, whose other operators are PyTorch's (whose sums may depend on the
     thread count), gives the same hypotheses with scores to float32 rounding."""
-    from fairseq_hardattn.modules.lineage_decoding import MODES
+    from fairseq_hardattn.decoding.lineage import MODES
 
     g = torch.Generator().manual_seed(5)
     rows, heads, dim, src_len = 64, 4, 32, 40
@@ -391,15 +391,15 @@ def test_top_k_beyond_the_kernels_k_takes_pytorchs_ops():
     q = torch.zeros(1, 2, 8)
     for k, expected in ((kernels.STEP_MAX_K, True), (kernels.STEP_MAX_K + 1, False)):
         module = TopKAttention(16, 2, k=k, self_attention=True)
-        assert lineage_decoding.usable(module, q) is expected
+        assert lineage.Lineage(1, 1).usable(module, q) is expected
     # the kernel's own limit is the one declared beside it in Python
     keys = torch.randn(1, 1, 2, 8)
-    lineage = (keys, keys, torch.zeros(1, 1, dtype=torch.int64), 1)
-    kernels.step_attention(q, 1.0, lineage_decoding.MODES["topk"], kernels.STEP_MAX_K,
-                           torch.empty_like(q), lineage=lineage)
+    parts = (keys, keys, torch.zeros(1, 1, dtype=torch.int64), 1)
+    kernels.step_attention(q, 1.0, lineage.MODES["topk"], kernels.STEP_MAX_K,
+                           torch.empty_like(q), lineage=parts)
     with pytest.raises(ValueError):
-        kernels.step_attention(q, 1.0, lineage_decoding.MODES["topk"], kernels.STEP_MAX_K + 1,
-                               torch.empty_like(q), lineage=lineage)
+        kernels.step_attention(q, 1.0, lineage.MODES["topk"], kernels.STEP_MAX_K + 1,
+                               torch.empty_like(q), lineage=parts)
 
 
 def test_the_step_kernels_local_window_is_local_attentions_step():
@@ -423,7 +423,7 @@ def test_the_step_kernels_local_window_is_local_attentions_step():
     centres[:2] = torch.tensor([0.0, 2.5])  # the edges: the first position, a half-way centre
     expected = module._window_step(q * module.scaling, k, v, padding, kv_bsz, bsz,
                                    centres.unsqueeze(1), lengths)
-    out = lineage_decoding.attend_window_step(module, q, k, v, padding, centres, kv_bsz)
+    out = lineage.attend_window(module, q, k, v, padding, centres, kv_bsz)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
 
 

@@ -239,7 +239,7 @@ def test_int8_packing_leaves_the_process_engine_and_stays_near_float32():
     rounding of its float32 layer."""
     from torch.ao.nn.quantized.dynamic import Linear as Int8Linear
 
-    from fairseq_hardattn.generation.int8 import quantize_for_decoding
+    from fairseq_hardattn.decoding.int8 import quantize_for_decoding
 
     class Decoder(torch.nn.Module):  # a layer, then the output projection packed apart
         def __init__(self):

@@ -6,7 +6,7 @@ from fairseq.sequence_generator import SequenceGenerator
 
 from fairseq_hardattn import ConfigError
 from fairseq_hardattn.models.cross_self_transformer import SHARING_LEVELS
-from fairseq_hardattn.modules import AverageAttention, CrossSelfAttention, sentence_groups
+from fairseq_hardattn.modules import AverageAttention, CrossSelfAttention, decoding_step
 
 from conftest import assert_same_hypotheses, build_model, make_dictionary, random_batch
 
@@ -59,9 +59,9 @@ def test_cross_self_decoding_never_copies_the_source_part(beamable, monkeypatch)
     torch.manual_seed(0)
     d = make_dictionary()
     model = build_model("transformer_cross_self", d).eval()
-    ungrouped = lambda *args: [sentence_groups.count_tensor(1)]  # noqa: E731
+    ungrouped = lambda *args: 1  # noqa: E731
     if not beamable:
-        monkeypatch.setattr(sentence_groups, "reordered_count", ungrouped)
+        monkeypatch.setattr(decoding_step, "reordered_count", ungrouped)
     attn = model.decoder.layers[0].self_attn
     seen = []
     original = CrossSelfAttention.reorder_incremental_state
@@ -85,7 +85,7 @@ def test_cross_self_decoding_never_copies_the_source_part(beamable, monkeypatch)
     assert all(same for stored, hyps, same in seen if stored * (4 if beamable else 1) == hyps)
     assert any(not same for stored, hyps, same in seen)  # finished sentences are dropped
     if beamable:
-        monkeypatch.setattr(sentence_groups, "reordered_count", ungrouped)
+        monkeypatch.setattr(decoding_step, "reordered_count", ungrouped)
         assert_same_hypotheses(hypotheses(model, d, src, src_lengths, beam=4), beam_hyps)
 
 

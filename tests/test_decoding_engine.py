@@ -1,5 +1,5 @@
-"""The decoding engine (models/decoding_engine.py): the static-shape path
-gives the hypotheses of the dynamic one for every Transformer architecture
+"""The decoding engine's steps (decoding/engines.py, decoding/fixed_shape_step.py):
+the fixed-shape step gives the hypotheses of fairseq's for every Transformer architecture
 (finished sentences leaving the batch, caches growing past their first
 capacity); its step is capturable (torch.compile with fullgraph, on the
 CPU); on a GPU the CUDA-graph replay gives the eager hypotheses."""
@@ -14,8 +14,8 @@ from fairseq import search
 from fairseq.sequence_generator import SequenceGenerator
 
 import fairseq_hardattn
-from fairseq_hardattn.models import decoding_engine
-from fairseq_hardattn.modules import static_decoding
+from fairseq_hardattn.decoding import engines, fixed_shape_step
+from fairseq_hardattn.modules import decoding_step
 
 from conftest import REPO, assert_same_hypotheses, build_model, decisive_model, make_dictionary, random_batch
 
@@ -43,16 +43,16 @@ def five_sentences(d):
 
 
 @pytest.mark.parametrize("arch", TRANSFORMER_ARCHS)
-def test_static_engine_gives_the_dynamic_hypotheses(arch):
+def test_static_engine_gives_fairseqs_hypotheses(arch):
     d = make_dictionary()
     model = decisive_model(arch, d)
     src, lengths = five_sentences(d)
     assert_same_hypotheses(hypotheses(model, d, src, lengths, "static", **FINISHING),
-                           hypotheses(model, d, src, lengths, "dynamic", **FINISHING))
+                           hypotheses(model, d, src, lengths, "fairseq", **FINISHING))
     # 24 steps: the caches outgrow their first capacity (16) once
     long = dict(beam_size=3, min_len=24, max_len_a=0, max_len_b=24)
     assert_same_hypotheses(hypotheses(model, d, src, lengths, "static", **long),
-                           hypotheses(model, d, src, lengths, "dynamic", **long))
+                           hypotheses(model, d, src, lengths, "fairseq", **long))
 
 
 # the searches fairseq-generate offers besides plain beam search (the engine
@@ -74,14 +74,14 @@ FAMILIES = ["transformer_soft", "transformer_hard_dec", "transformer_cross_self"
 
 @pytest.mark.parametrize("arch", FAMILIES)
 @pytest.mark.parametrize("search_name", sorted(OTHER_SEARCHES))
-def test_static_engine_gives_the_dynamic_hypotheses_of_other_searches(arch, search_name):
+def test_static_engine_gives_fairseqs_hypotheses_of_other_searches(arch, search_name):
     d = make_dictionary()
     model = decisive_model(arch, d)
     src, lengths = five_sentences(d)
     prefix = src[:, -3:-1] if search_name == "prefix" else None  # two tokens forced per sentence
     generator_args = OTHER_SEARCHES[search_name](d)
     assert_same_hypotheses(hypotheses(model, d, src, lengths, "static", prefix, **generator_args),
-                           hypotheses(model, d, src, lengths, "dynamic", prefix, **generator_args))
+                           hypotheses(model, d, src, lengths, "fairseq", prefix, **generator_args))
 
 
 def decoder_heads(model):
@@ -98,7 +98,7 @@ def test_static_engine_with_more_decoder_heads_than_encoder_heads(arch):
     assert decoder_heads(model) == {8}
     src, lengths = five_sentences(d)
     assert_same_hypotheses(hypotheses(model, d, src, lengths, "static", **FINISHING),
-                           hypotheses(model, d, src, lengths, "dynamic", **FINISHING))
+                           hypotheses(model, d, src, lengths, "fairseq", **FINISHING))
 
 
 def test_the_static_state_keeps_its_tensors_across_steps():
@@ -121,8 +121,8 @@ def test_the_static_state_keeps_its_tensors_across_steps():
             tokens = torch.cat([tokens, logits.argmax(-1)], dim=1)
             model.decoder.reorder_incremental_state_scripting(state, torch.tensor([1, 0, 3, 2]))
     assert len(set(seen)) == 1
-    static = static_decoding.state(state)
-    assert (static.rows, static.capacity, static.filled) == (4, decoding_engine.INITIAL_CAPACITY, 2)
+    static = decoding_step.fixed_shape(state)
+    assert (static.rows, static.capacity, static.filled) == (4, fixed_shape_step.INITIAL_CAPACITY, 2)
     # a sentence finishes: two rows in use, still four computed
     model.decoder.reorder_incremental_state_scripting(state, torch.tensor([2, 3]))
     with torch.no_grad():
@@ -143,18 +143,20 @@ def test_the_engine_step_compiles_as_one_graph(arch):
     src, lengths, _ = random_batch(d, [6, 4], seed=1)
     encoder_out = model.encoder.reorder_encoder_out(model.encoder(src, src_lengths=lengths),
                                                     torch.tensor([0, 0, 1, 1]))
-    compiled = torch.compile(decoding_engine.layers_step, backend="aot_eager", fullgraph=True)
+    compiled = torch.compile(fixed_shape_step.layers_step, backend="aot_eager", fullgraph=True)
     eager_state, compiled_state = {}, {}
     tokens = torch.full((4, 1), d.eos())
     with torch.no_grad():
         for step in range(3):
             outputs = []
-            for state, run in ((eager_state, decoding_engine.layers_step), (compiled_state, compiled)):
+            for state, run in ((eager_state, fixed_shape_step.layers_step), (compiled_state, compiled)):
                 if step == 0:  # the first step caches the encoder states (eagerly)
                     out, _ = model.decoder(tokens, encoder_out, incremental_state=state)
                 else:
-                    static_decoding.set_step(static_decoding.state(state), step)
-                    x = decoding_engine.embed_last_token(model.decoder, tokens, state)
+                    static = decoding_step.fixed_shape(state)
+                    static.filled = step
+                    static.position.fill_(step)
+                    x = fixed_shape_step.embed_last_token(model.decoder, tokens, state)
                     out = run(model.decoder, x, model.decoder.encoder_states_per_layer(encoder_out),
                               encoder_out["encoder_padding_mask"][0], state,
                               tokens[:, -1:].eq(d.pad()))
@@ -163,18 +165,19 @@ def test_the_engine_step_compiles_as_one_graph(arch):
             tokens = torch.cat([tokens, outputs[0].argmax(-1)], dim=1)
 
 
-def test_the_default_engine_is_fairseqs_way_on_a_cpu():
+def test_the_default_engine_steps_fairseqs_way_on_a_cpu():
     d = make_dictionary()
     model = build_model("transformer_hard_dec", d).eval()
     assert model.decoder.decoding_engine == "auto"
     src, _, _ = random_batch(d, [5, 3], seed=1)
-    assert decoding_engine.resolved("auto", src) == "dynamic"
-    assert decoding_engine.resolved("static", src) == "static"
+    assert engines.step_of("auto", src) == engines.LINEAGE_STEP  # fairseq's forward, the search's caches
+    assert engines.step_of("fairseq", src) == engines.FAIRSEQS_STEP
+    assert engines.step_of("static", src) == engines.STATIC_STEP
     state = {}
     tokens = torch.full((2, 1), d.eos())
     with torch.no_grad():
         model.decoder(tokens, model.encoder(src, torch.tensor([5, 3])), incremental_state=state)
-    assert static_decoding.state(state) is None  # no static caches: fairseq's own step ran
+    assert decoding_step.fixed_shape(state) is None  # no fixed-shape caches: fairseq's own step ran
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -184,10 +187,10 @@ def test_captured_graph_gives_the_eager_hypotheses_on_a_gpu(arch):
     model = decisive_model(arch, d).float().cuda()
     src, lengths = five_sentences(d)
     src, lengths = src.cuda(), lengths.cuda()
-    assert decoding_engine.resolved("search", src) == "graph"  # the plugin's search on CUDA
+    assert engines.step_of("search", src) == engines.GRAPH_STEP  # the plugin's search on CUDA
     fixed = dict(beam_size=4, min_len=20, max_len_a=0, max_len_b=20)  # outgrows the first capacity
     for generator_args in (fixed, FINISHING):
-        expected = hypotheses(model, d, src, lengths, "dynamic", **generator_args)
+        expected = hypotheses(model, d, src, lengths, "fairseq", **generator_args)
         for engine in ("graph", "search"):
             assert_same_hypotheses(hypotheses(model, d, src, lengths, engine, **generator_args), expected)
 
@@ -200,7 +203,7 @@ def test_captured_graph_with_more_decoder_heads_than_encoder_heads_on_a_gpu(arch
     src, lengths = five_sentences(d)
     src, lengths = src.cuda(), lengths.cuda()
     assert_same_hypotheses(hypotheses(model, d, src, lengths, "graph", **FINISHING),
-                           hypotheses(model, d, src, lengths, "dynamic", **FINISHING))
+                           hypotheses(model, d, src, lengths, "fairseq", **FINISHING))
 
 
 class OnCuda:
@@ -211,36 +214,36 @@ class OnCuda:
 def test_on_cuda_auto_is_fairseqs_generator_until_the_gpu_check_passes(monkeypatch, caplog):
     """``auto`` on CUDA: fairseq's generator and step, with one log line
     naming the other choice, until scripts/gpu_check.sh has passed on a GPU
-    (``CUDA_SEARCH_PASSED_AT``, recorded in results/gpu_check/verdict.json);
+    (``engines.CUDA_SEARCH_PASSED_AT``, recorded in results/gpu_check/verdict.json);
     ``search`` chooses the plugin's search there; a CPU is not affected."""
-    from fairseq_hardattn import generation
-    from fairseq_hardattn.generation import PluginBeamSearch
+    from fairseq_hardattn import decoding
+    from fairseq_hardattn.decoding import PluginBeamSearch
 
     d = make_dictionary()
     model = decisive_model("transformer_hard_dec", d)
     args = SimpleNamespace(beam=4, nbest=1, sampling=False, print_alignment=False)
-    monkeypatch.setattr(decoding_engine, "CUDA_SEARCH_PASSED_AT", None)
-    assert decoding_engine.resolved("auto", OnCuda()) == "dynamic"
-    assert decoding_engine.resolved("search", OnCuda()) == "graph"
-    assert decoding_engine.resolved("auto", torch.zeros(1)) == decoding_engine.CPU_STEP
-    assert generation.generator_class([model], args)[0] is PluginBeamSearch  # on this CPU
-    monkeypatch.setattr(generation, "on_cuda", lambda models: True)
+    monkeypatch.setattr(engines, "CUDA_SEARCH_PASSED_AT", None)
+    assert engines.step_of("auto", OnCuda()) == engines.FAIRSEQS_STEP
+    assert engines.step_of("search", OnCuda()) == engines.GRAPH_STEP
+    assert engines.step_of("auto", torch.zeros(1)) == engines.LINEAGE_STEP
+    assert decoding.generator_class([model], args)[0] is PluginBeamSearch  # on this CPU
+    monkeypatch.setattr(decoding, "on_cuda", lambda models: True)
     with caplog.at_level(logging.INFO):
-        assert generation.generator_class([model], args) is None
+        assert decoding.generator_class([model], args) is None
     said = [r.message for r in caplog.records if "gpu_check" in r.message]
     assert len(said) == 1 and "{'decoding_engine': 'search'}" in said[0]
     model.decoder.decoding_engine = "search"
-    assert generation.generator_class([model], args)[0] is PluginBeamSearch
+    assert decoding.generator_class([model], args)[0] is PluginBeamSearch
     model.decoder.decoding_engine = "auto"
-    monkeypatch.setattr(decoding_engine, "CUDA_SEARCH_PASSED_AT", "0" * 40)
-    assert decoding_engine.resolved("auto", OnCuda()) == "graph"
-    assert generation.generator_class([model], args)[0] is PluginBeamSearch
+    monkeypatch.setattr(engines, "CUDA_SEARCH_PASSED_AT", "0" * 40)
+    assert engines.step_of("auto", OnCuda()) == engines.GRAPH_STEP
+    assert decoding.generator_class([model], args)[0] is PluginBeamSearch
 
 
 def test_auto_is_the_search_everywhere_only_at_a_commit_the_device_check_passed():
     """A commit in ``CUDA_SEARCH_PASSED_AT`` is one at which the record of
     scripts/gpu_check.sh says every GPU test ran and passed."""
-    commit = decoding_engine.CUDA_SEARCH_PASSED_AT
+    commit = engines.CUDA_SEARCH_PASSED_AT
     record = REPO / "results" / "gpu_check" / "verdict.json"
     if commit is None:
         pytest.skip("the GPU check has not passed on a GPU at a recorded commit: auto is fairseq's on CUDA")

@@ -18,7 +18,8 @@ from fairseq.data import iterators
 from fairseq.models.transformer import TransformerModel
 
 from fairseq_hardattn import ConfigError
-from fairseq_hardattn.generation import PluginBeamSearch, PluginBeamSearchWithAlignment, workers
+from fairseq_hardattn.decoding import PluginBeamSearch, PluginBeamSearchWithAlignment, read_ahead, workers
+from fairseq_hardattn.models.decoding_options import check_workers
 
 from conftest import (USER_DIR, assert_same_batches, assert_same_hypotheses, assert_same_output,
                       decisive_model, generate, interactive, make_dictionary, one_error_line, random_batch,
@@ -61,21 +62,21 @@ def hypotheses_of(batches):
 
 
 def test_decoding_workers_takes_auto_or_a_count():
-    assert workers.check_workers(None) == workers.check_workers("auto") == "auto"
-    assert workers.check_workers("3") == workers.check_workers(3) == 3
+    assert check_workers(None) == check_workers("auto") == "auto"
+    assert check_workers("3") == check_workers(3) == 3
     for bad in ("0", 0, -2, "two", "2.5", 1.5):
         with pytest.raises(ConfigError, match="--decoding-workers must be 'auto' or a number >= 1"):
-            workers.check_workers(bad)
+            check_workers(bad)
 
 
 def test_a_counting_iterator_reads_ahead_and_still_yields_every_batch_once_in_order():
     items = [{"net_input": {"src_tokens": torch.tensor([i])}} for i in range(6)]
     iterator = iterators.CountingIterator(items)
     first = next(iterator)
-    assert workers.batches_after(first, 2) == items[1:3]
-    assert workers.batches_after(items[4], 2) == []  # not the batch it yielded last
+    assert read_ahead.batches_after(first, 2) == items[1:3]
+    assert read_ahead.batches_after(items[4], 2) == []  # not the batch it yielded last
     assert [next(iterator) for _ in range(2)] == items[1:3]
-    assert workers.batches_after(items[2], 10) == items[3:]
+    assert read_ahead.batches_after(items[2], 10) == items[3:]
     assert list(iterator) == items[3:] and iterator.n == len(items)
 
 
@@ -84,10 +85,10 @@ def test_interactive_batches_read_ahead_as_samples():
 
     batches = [Batch(ids=torch.tensor([i]), src_tokens=torch.tensor([[i + 4, 2]]),
                      src_lengths=torch.tensor([2]), constraints=None) for i in range(4)]
-    iterator = workers.InteractiveBatches(iter(batches))
+    iterator = read_ahead.InteractiveBatches(iter(batches))
     first = next(iterator)
     sample = {"net_input": {"src_tokens": first.src_tokens, "src_lengths": first.src_lengths}}
-    ahead = workers.batches_after(sample, 2)
+    ahead = read_ahead.batches_after(sample, 2)
     assert [a["net_input"]["src_tokens"] for a in ahead] == [b.src_tokens for b in batches[1:3]]
     assert list(iterator) == batches[1:]
 
@@ -362,7 +363,7 @@ def test_a_large_batch_decodes_in_chunks_with_fairseqs_hypotheses_here_and_in_th
     submitted = []
     monkeypatch.setattr(workers.WorkerPool, "submit",
                         lambda pool, sample, _submit=workers.WorkerPool.submit:
-                        submitted.append(workers._source_tokens(sample).size(0)) or _submit(pool, sample))
+                        submitted.append(read_ahead.source_tokens(sample).size(0)) or _submit(pool, sample))
     together = decode_as_fairseq_generate(generator, samples)
     assert submitted == [2, 2, 1] * 3  # each batch of 5 in three chunks
     assert_same_batches(together, here)
@@ -378,7 +379,7 @@ def test_a_batch_with_a_prefix_decodes_whole(monkeypatch):
     generator = PluginBeamSearch([model], d, beam_size=2, max_len_b=6)
     monkeypatch.setattr(PluginBeamSearch, "serial_generate",
                         lambda self, models, s, _serial=PluginBeamSearch.serial_generate, **kw:
-                        calls.append(workers._source_tokens(s).size(0)) or _serial(self, models, s, **kw))
+                        calls.append(read_ahead.source_tokens(s).size(0)) or _serial(self, models, s, **kw))
     with torch.no_grad():
         generator.generate([model], sample, prefix_tokens=torch.full((5, 1), 5))
         generator.generate([model], sample)

@@ -33,7 +33,7 @@ import torch
 from fairseq.sequence_generator import SequenceGenerator
 
 import fairseq_hardattn
-from fairseq_hardattn.generation import PluginBeamSearch
+from fairseq_hardattn.decoding import PluginBeamSearch
 
 from conftest import FLOAT32_ROUNDING as SCORES, build_model, load_with_overrides, make_dictionary
 

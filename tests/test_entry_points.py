@@ -9,7 +9,7 @@ from fairseq.search import Sampling
 from fairseq.sequence_generator import SequenceGenerator, SequenceGeneratorWithAlignment
 
 import fairseq_hardattn
-from fairseq_hardattn.generation import PluginBeamSearch, PluginBeamSearchWithAlignment
+from fairseq_hardattn.decoding import PluginBeamSearch, PluginBeamSearchWithAlignment
 
 from conftest import build_model, make_dictionary, random_batch
 

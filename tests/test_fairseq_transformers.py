@@ -18,7 +18,7 @@ from fairseq.models.transformer import TransformerModel
 from fairseq.sequence_generator import SequenceGenerator
 
 from fairseq_hardattn import fairseq_compat
-from fairseq_hardattn.generation import PluginBeamSearch, generator_class
+from fairseq_hardattn.decoding import PluginBeamSearch, generator_class
 
 from conftest import assert_same_hypotheses, generate, make_dictionary, random_batch
 

@@ -12,7 +12,7 @@ from fairseq_hardattn.criterions.label_smoothed_cross_entropy_with_gate import (
 )
 from fairseq_hardattn.modules import (FlexibleAttention, FlexibleLSTMAttention, LocalAttention,
                                        gate_networks,
-                                       sentence_groups)
+                                       decoding_step)
 
 from conftest import TinyTask, build_model, make_dictionary, random_batch
 
@@ -23,7 +23,7 @@ def one_step(attn, query, key, pad=None, state=None, beam=1):
     """One decoding step; a new state holds ``beam`` hypotheses per sentence."""
     if state is None:
         state = {}
-        sentence_groups.set_hypotheses_per_sentence(state, beam)
+        decoding_step.set_hypotheses_per_sentence(state, beam)
     out, _ = attn(query, key, key, key_padding_mask=pad, static_kv=True, incremental_state=state)
     return out, state
 
@@ -131,7 +131,7 @@ def decode_float32(attn, use_kernel, sentences, beam, src_len, steps=10):
     pad[1, :6] = True
     pad = beam_copies(pad, beam, 0)
     state, outs = {}, []
-    sentence_groups.set_hypotheses_per_sentence(state, beam)
+    decoding_step.set_hypotheses_per_sentence(state, beam)
     with torch.no_grad():
         for t in range(steps):
             outs.append(one_step(attn, torch.randn(1, bsz, embed), key, pad, state)[0])

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fairseq_hardattn.kernels import gpu_ops
-from fairseq_hardattn.modules import FlexibleAttention, HardRetrievalAttention, sentence_groups
+from fairseq_hardattn.modules import FlexibleAttention, HardRetrievalAttention, decoding_step
 
 from conftest import REPO, tool_env
 
@@ -72,7 +72,7 @@ def test_the_references_are_what_the_modules_compute():
                    FlexibleAttention(d, HEADS, encoder_decoder_attention=True, threshold=0.8)):
         module = module.double().eval()
         state = {}
-        sentence_groups.set_hypotheses_per_sentence(state, BEAM)
+        decoding_step.set_hypotheses_per_sentence(state, BEAM)
         expected, _ = module(query, key, key, key_padding_mask=pad, static_kv=True,
                              incremental_state=state)
         p = module.project(query, None, None, None, state, static_kv=True)

@@ -10,7 +10,7 @@ from fairseq_hardattn.modules import (
     HardRetrievalAttention,
     StraightThroughRetrieval,
     sample_key_indices,
-    sentence_groups,
+    decoding_step,
 )
 
 EMBED, HEADS = 16, 2
@@ -256,7 +256,7 @@ def test_sentence_grouped_keys_match_per_hypothesis_keys():
     query = torch.randn(1, sentences * beam, EMBED, dtype=torch.float64)
     expected, _ = attn(query, key, key, key_padding_mask=pad, static_kv=True)
     state = {}
-    sentence_groups.set_hypotheses_per_sentence(state, beam)
+    decoding_step.set_hypotheses_per_sentence(state, beam)
     grouped, _ = attn(query, key, key, key_padding_mask=pad, static_kv=True,
                       incremental_state=state)
     assert attn._get_input_buffer(state)["prev_key"].size(0) == sentences

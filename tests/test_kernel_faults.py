@@ -12,7 +12,7 @@ import torch
 from fairseq.sequence_generator import SequenceGenerator
 
 from fairseq_hardattn import kernels
-from fairseq_hardattn.generation import PluginBeamSearch
+from fairseq_hardattn.decoding import PluginBeamSearch
 
 from conftest import assert_same_hypotheses, decisive_model, make_dictionary, tool_env
 from test_beam_search import sample_of

@@ -9,7 +9,7 @@ from fairseq.sequence_generator import SequenceGenerator
 
 import fairseq_hardattn
 from fairseq_hardattn import ConfigError
-from fairseq_hardattn.modules import HardRetrievalAttention, sentence_groups
+from fairseq_hardattn.modules import HardRetrievalAttention, decoding_step
 
 from conftest import build_model, make_dictionary, random_batch
 
@@ -197,7 +197,7 @@ def test_beam_search_on_a_batch_equals_each_sentence_alone(arch):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_encoder_states_kept_once_per_sentence_decode_as_once_per_hypothesis(arch, monkeypatch):
     """Beam search keeps encoder K/V once per sentence (the count of
-    hypotheses per sentence read from the call: ``sentence_groups``); the
+    hypotheses per sentence read from the call: ``decoding_step``); the
     translations are those of per-hypothesis K/V, as fairseq's
     TransformerModel keeps them."""
     torch.manual_seed(0)
@@ -206,13 +206,13 @@ def test_encoder_states_kept_once_per_sentence_decode_as_once_per_hypothesis(arc
     generator = SequenceGenerator([model], d, beam_size=4, max_len_b=8)
     src, src_lengths, _ = random_batch(d, [8, 6, 5, 3], seed=1)
     counts = []
-    original = sentence_groups.hypotheses_per_sentence
-    monkeypatch.setattr(sentence_groups, "hypotheses_per_sentence",
+    original = decoding_step.hypotheses_per_sentence
+    monkeypatch.setattr(decoding_step, "hypotheses_per_sentence",
                         lambda state: counts.append(original(state)) or counts[-1])
     per_sentence = _hypotheses(generator, src, src_lengths)
     if "lstm" not in arch:  # fairseq's LSTM keeps its own encoder states
         assert 4 in counts
-    monkeypatch.setattr(sentence_groups, "reordered_count", lambda *args: [sentence_groups.count_tensor(1)])
+    monkeypatch.setattr(decoding_step, "reordered_count", lambda *args: 1)
     counts.clear()
     assert _hypotheses(generator, src, src_lengths) == per_sentence
     assert set(counts) <= {1}

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from fairseq_hardattn.generation.packed_linear import (MIN_PACKED_WEIGHT, onednn_linear_available,
+from fairseq_hardattn.decoding.packed_linear import (MIN_PACKED_WEIGHT, onednn_linear_available,
                                                         packed_linears)
 
 pytestmark = pytest.mark.skipif(not onednn_linear_available(), reason="PyTorch without oneDNN")

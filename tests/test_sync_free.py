@@ -9,7 +9,7 @@ import torch
 from fairseq.sequence_generator import SequenceGenerator
 
 import fairseq_hardattn
-from fairseq_hardattn.modules import sentence_groups
+from fairseq_hardattn.modules import decoding_step
 from fairseq_hardattn.tools.op_counting import counting
 
 from conftest import build_model, make_dictionary, random_batch
@@ -70,7 +70,7 @@ def test_an_expansion_other_than_sentence_by_sentence_fails_loudly():
     src, lengths, _ = random_batch(d, [5, 3], seed=1)
     encoder_out = model.encoder(src, src_lengths=lengths)
     grouped = model.encoder.reorder_encoder_out(encoder_out, torch.tensor([0, 0, 1, 1]))
-    assert sentence_groups.reordered_count(encoder_out, torch.tensor([0, 0, 1, 1]))[0].size(1) == 2
+    assert decoding_step.reordered_count(encoder_out, torch.tensor([0, 0, 1, 1])) == 2
     assert grouped["encoder_out"][0].size(1) == 4
     with pytest.raises(RuntimeError, match="expanded other than sentence by sentence"):
         model.encoder.reorder_encoder_out(encoder_out, torch.tensor([0, 1, 0, 1]))

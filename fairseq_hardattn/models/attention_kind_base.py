@@ -43,11 +43,9 @@ from fairseq.modules.transformer_layer import (
 
 from ..errors import ClearCheckpointErrors, ConfigError, check_joined_dictionary, data_dir
 from ..fairseq_compat import plain_args
-from ..modules import ATTENTION_KINDS, HardRetrievalAttention, TopKAttention, sentence_groups
+from ..modules import ATTENTION_KINDS, HardRetrievalAttention, TopKAttention, decoding_step
 from ..modules.hard_retrieval_attention import TRAIN_RETRIEVALS
-from ..generation.int8 import check_int8_decoding, quantize_for_decoding
-from ..generation.workers import check_workers, import_what_the_first_batch_imports
-from . import decoding_engine
+from .decoding_options import ENGINES, check_engine, check_workers
 
 logger = logging.getLogger(__name__)
 
@@ -60,10 +58,6 @@ ATTENTION_KIND_OPTIONS = {
     "dec_self_attn_kind": "decoder self-attention",
     "dec_cross_attn_kind": "decoder cross-attention",
 }
-# the options a checkpoint may be decoded with other than it was trained
-# (--model-overrides keys, hub keywords); fairseq-generate --help lists them
-DECODING_OPTIONS = ("decoding_engine", "int8_decoding", "decoding_workers", "dec_self_attn_kind",
-                    "dec_cross_attn_kind", "retrieval_k")
 
 
 def set_defaults(args, **defaults):
@@ -205,19 +199,19 @@ class AttentionKindEncoder(TransformerEncoderBase):
 
     def reorder_encoder_out(self, encoder_out, new_order):
         """fairseq's reorder, plus how many hypotheses each sentence now has
-        (``sentence_groups``): decoding keeps encoder K/V once per sentence.
+        (``decoding_step``): decoding keeps encoder K/V once per sentence.
         fairseq reorders the per-layer states in their list, in place: a copy
         of the list leaves ``encoder_out`` as it was (the plugin's search
         decodes its first step from it)."""
         if encoder_out.get("encoder_states"):
             encoder_out = dict(encoder_out, encoder_states=list(encoder_out["encoder_states"]))
-        return sentence_groups.record_count(
+        return decoding_step.record_count(
             encoder_out, super().reorder_encoder_out(encoder_out, new_order), new_order)
 
 
 class AttentionKindDecoder(TransformerDecoderBase):
     layer_class = AttentionKindDecoderLayer
-    # how incremental decoding runs (decoding_engine.ENGINES; --decoding-engine)
+    # how incremental decoding runs (decoding_options.ENGINES; --decoding-engine)
     decoding_engine = "auto"
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
@@ -225,11 +219,15 @@ class AttentionKindDecoder(TransformerDecoderBase):
 
     def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None,
                 features_only=False, **kwargs):
-        engine = decoding_engine.resolved(self.decoding_engine, prev_output_tokens)
-        if (incremental_state is not None and engine != "dynamic"
-                and not self.training and not kwargs.get("alignment_layer")):
-            return decoding_engine.step(self, prev_output_tokens, encoder_out, incremental_state,
-                                        engine, features_only)
+        """fairseq's, unless the decoding engine runs this step itself (the
+        fixed-shape step: ``decoding_step.step_engine``)."""
+        engine = decoding_step.step_engine()
+        if (engine is not None and incremental_state is not None and not self.training
+                and not kwargs.get("alignment_layer")):
+            stepped = engine.decoder_step(self, prev_output_tokens, encoder_out, incremental_state,
+                                          features_only)
+            if stepped is not None:
+                return stepped
         return super().forward(prev_output_tokens, encoder_out, incremental_state,
                                features_only=features_only, **kwargs)
 
@@ -242,7 +240,9 @@ class AttentionKindDecoder(TransformerDecoderBase):
             result = module.reorder_incremental_state(incremental_state, new_order)
             if result is not None:
                 incremental_state = result
-        decoding_engine.reordered(incremental_state, new_order)
+        engine = decoding_step.step_engine()
+        if engine is not None:
+            engine.reordered(incremental_state, new_order)
 
     def encoder_states_per_layer(self, encoder_out):
         """The encoder states each layer attends to (families override)."""
@@ -252,7 +252,7 @@ class AttentionKindDecoder(TransformerDecoderBase):
     def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None,
                          **kwargs):
         if incremental_state is not None:
-            sentence_groups.start_step(incremental_state, encoder_out, grouped=not self.training)
+            decoding_step.start_step(incremental_state, encoder_out, grouped=not self.training)
         return super().extract_features(prev_output_tokens, encoder_out, incremental_state,
                                         **kwargs)
 
@@ -295,12 +295,13 @@ class AttentionKindTransformerModel(ClearCheckpointErrors, TransformerModel):
                             help="how hard retrieval attention picks its key in training: "
                                  "sampled from the attention distribution (the paper) or its "
                                  "argmax, as at inference (straight-through argmax)")
-        parser.add_argument("--decoding-engine", choices=decoding_engine.ENGINES,
-                            help="how decoding runs: 'auto' (the default; 'search': the plugin's "
+        parser.add_argument("--decoding-engine", choices=ENGINES,
+                            help="how decoding runs: 'auto' (the default: the plugin's search, "
+                                 "on CUDA once its GPU check has passed), 'search' (the plugin's "
                                  "beam search, its step a CUDA graph on a GPU), 'fairseq' "
-                                 "(fairseq's generator and step; 'dynamic' is its former name), "
-                                 "'static' / 'graph' (fairseq's generator over the static or "
-                                 "captured step); see models/decoding_engine.py")
+                                 "(fairseq's generator and step), 'static' / 'graph' (fairseq's "
+                                 "generator over the fixed-shape or captured step); see "
+                                 "decoding/engines.py")
         parser.add_argument("--int8-decoding", action="store_true",
                             help="decode with int8 Linear layers (PyTorch's dynamic quantization, "
                                  "CPU only); a decoding-time --model-overrides key or hub "
@@ -323,9 +324,7 @@ class AttentionKindTransformerModel(ClearCheckpointErrors, TransformerModel):
     @classmethod
     def validate_args(cls, args):
         """Raise ``ConfigError`` for options no model of this family can build."""
-        if args.decoding_engine not in decoding_engine.ENGINES:
-            raise ConfigError(f"--decoding-engine must be one of {decoding_engine.ENGINES}, "
-                              f"got {args.decoding_engine!r}")
+        args.decoding_engine = check_engine(args.decoding_engine)
         args.decoding_workers = check_workers(args.decoding_workers)
         if args.hard_anneal_updates < 0:
             raise ConfigError(f"--hard-anneal-updates must be >= 0, got {args.hard_anneal_updates}")
@@ -352,16 +351,14 @@ class AttentionKindTransformerModel(ClearCheckpointErrors, TransformerModel):
         super().make_generation_fast_(need_attn=False, **kwargs)
 
     def prepare_for_inference_(self, cfg):
-        """fairseq's tools call it before decoding: int8 Linear layers where
-        the model's options ask for them (``--int8-decoding``), and what the
-        first batch would import, imported now."""
+        """fairseq's tools call it before decoding; the decoding engine
+        prepares the model too (``--int8-decoding``)."""
         super().prepare_for_inference_(cfg)
         # its weights are final: worker processes may decode with a copy-on-write view of them
         self.prepared_for_inference = True
-        import_what_the_first_batch_imports()
-        if getattr(self.args, "int8_decoding", False):
-            check_int8_decoding(self, cfg)
-            quantize_for_decoding(self)
+        engine = decoding_step.step_engine()
+        if engine is not None:
+            engine.prepare_for_inference(self, cfg)
 
     @classmethod
     def settle_overrides(cls, args, overrides):

@@ -4,9 +4,10 @@
 to their classes; all take ``MultiheadAttention``'s constructor arguments and
 have its parameters, so a checkpoint trained with one kind loads into another.
 ``CROSS_SELF_KINDS`` does the same for cross+self attention. Shared machinery
-has modules of its own (``cached_projection``, ``sentence_groups``,
-``gather``, ``windows``, ``cps``, ``gate_networks``); a mechanism module
-never imports another mechanism's helpers.
+has modules of its own (``cached_projection``, ``gather``, ``windows``,
+``cps``, ``gate_networks``); a mechanism module never imports another
+mechanism's helpers. ``decoding_step`` is how a module meets the decoding
+engine (``fairseq_hardattn.decoding``), which no module imports.
 """
 
 from .average_attention import AverageAttention
@@ -22,7 +23,7 @@ from .hard_retrieval_attention import (
 from .local_attention import LocalAttention
 from .soft_attention import SoftAttention
 from .topk_attention import TopKAttention
-from . import sentence_groups  # noqa: F401
+from . import decoding_step  # noqa: F401
 
 ATTENTION_KINDS = {
     "soft": SoftAttention,

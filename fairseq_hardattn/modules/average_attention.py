@@ -19,7 +19,7 @@ from fairseq.incremental_decoding_utils import with_incremental_state
 from fairseq.modules import FairseqDropout
 from torch import Tensor, nn
 
-from . import static_decoding
+from . import decoding_step
 
 
 @with_incremental_state
@@ -74,8 +74,8 @@ class AverageAttention(nn.Module):
         if incremental_state is not None:
             state = self._get_input_buffer(incremental_state)
             step_counts = counts[-1].expand(x.size(1), 1)
-            if static_decoding.state(incremental_state) is not None:
-                # the engine: one running sum, updated in place
+            if decoding_step.fixed_shape(incremental_state) is not None:
+                # the fixed-shape step: one running sum, updated in place
                 if "sum" in state:
                     state["sum"].add_(sums[-1])
                     state["steps"].add_(step_counts)
@@ -97,11 +97,9 @@ class AverageAttention(nn.Module):
     def reorder_incremental_state(self, incremental_state, new_order: Tensor):
         state = self._get_input_buffer(incremental_state)
         if state:
-            if static_decoding.state(incremental_state) is not None:
-                for tensor in state.values():
-                    static_decoding.reorder_in_place(tensor, new_order)
-            else:
-                state = {name: tensor.index_select(0, new_order) for name, tensor in state.items()}
+            static = decoding_step.fixed_shape(incremental_state)
+            state = {name: decoding_step.reorder(tensor, new_order, static)
+                     for name, tensor in state.items()}
             self._set_input_buffer(incremental_state, state)
         return incremental_state
 

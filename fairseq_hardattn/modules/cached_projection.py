@@ -8,7 +8,9 @@ fairseq unchanged: Q/K/V projections, the incremental-decoding cache
 (self-attention appends one K/V per step, encoder-decoder attention projects
 the encoder once with ``static_kv``), "beamable" encoder-decoder attention
 (one K/V copy per sentence instead of per hypothesis, the grouping read from
-the decoding call: ``sentence_groups``), and score masking.
+the decoding call: ``decoding_step``), and score masking. Where the decoding
+engine steps a module (the plugin's search on a CPU, the fixed-shape step),
+``forward`` hands it the step (``decoding_step``).
 """
 
 from typing import Dict, NamedTuple, Optional, Tuple
@@ -17,7 +19,7 @@ import torch
 from fairseq.modules import MultiheadAttention
 from torch import Tensor
 
-from . import lineage_decoding, sentence_groups, static_decoding
+from . import decoding_step
 
 IncrementalState = Optional[Dict[str, Dict[str, Optional[Tensor]]]]
 
@@ -92,30 +94,29 @@ class CachedProjectionAttention(MultiheadAttention):
     ) -> Tuple[Tensor, Optional[Tensor]]:
         """fairseq's ``MultiheadAttention.forward`` signature and semantics:
         project and cache (``project``), then the mechanism's ``attend``; a
-        decoding step under the plugin's search on a CPU reads self-attention
-        caches that are never reordered and the encoder's keys and values in
-        place (``lineage_decoding``)."""
-        lineage = lineage_decoding.state(incremental_state)
-        if (lineage is not None and self.self_attention and not self.training
-                and not before_softmax and lineage_decoding.usable(self, query)):
+        step of the plugin's search on a CPU is the engine's
+        (``decoding_step.lineage``): self-attention over caches that are never
+        reordered, the encoder's keys and values read in place."""
+        lineage = decoding_step.lineage(incremental_state)
+        stepping = (lineage is not None and not self.training and not before_softmax
+                    and lineage.usable(self, query))
+        if stepping and self.self_attention:
             if key_padding_mask is not None or query.size(0) != 1:
                 raise ValueError(f"{type(self).__name__}: a lineage decoding step takes one "
                                  "token per hypothesis and no padding")
             bsz, heads, head_dim = query.size(1), self.num_heads, self.head_dim
             saved_state = self._get_input_buffer(incremental_state)
-            out = lineage_decoding.attend_step(
-                self, lineage, saved_state, self.q_proj(query).view(bsz * heads, 1, head_dim),
+            out = lineage.self_attention(
+                self, saved_state, self.q_proj(query).view(bsz * heads, 1, head_dim),
                 self.k_proj(query), self.v_proj(query), bsz)
             self._set_input_buffer(incremental_state, saved_state)
             return self.merge_heads(out, 1, bsz), None
         projected = self.project(query, key, value, key_padding_mask, incremental_state, static_kv)
-        if (lineage is not None and self.encoder_decoder_attention and not self.training
-                and not before_softmax and attn_mask is None and query.size(0) == 1
-                and lineage_decoding.usable(self, query)):
+        if (stepping and self.encoder_decoder_attention and attn_mask is None
+                and query.size(0) == 1):
             # the search reads no step's weights (alignments come from a teacher-forced pass)
-            out = lineage_decoding.attend_source_step(
-                self, self._get_input_buffer(incremental_state), projected.q,
-                projected.key_padding_mask)
+            out = lineage.source_attention(self, self._get_input_buffer(incremental_state),
+                                           projected.q, projected.key_padding_mask)
             return self.merge_heads(out, 1, projected.bsz), None
         if before_softmax:  # fairseq's contract: the scaled, masked scores and the values
             return self.scores(projected, attn_mask), projected.v
@@ -165,7 +166,7 @@ class CachedProjectionAttention(MultiheadAttention):
         elif key is not None:
             if self.encoder_decoder_attention:
                 key, key_padding_mask = one_copy_per_sentence(
-                    key, key_padding_mask, sentence_groups.hypotheses_per_sentence(incremental_state))
+                    key, key_padding_mask, decoding_step.hypotheses_per_sentence(incremental_state))
                 value = key
             k = self.k_proj(key)
             v = self.v_proj(value)
@@ -178,7 +179,7 @@ class CachedProjectionAttention(MultiheadAttention):
             k = k.contiguous().view(-1, kv_bsz * heads, head_dim).transpose(0, 1)
             v = v.contiguous().view(-1, kv_bsz * heads, head_dim).transpose(0, 1)
 
-        static = static_decoding.state(incremental_state)
+        static = decoding_step.fixed_shape(incremental_state)
         if static is not None and not static_kv:
             # the engine's preallocated cache, written in place at static.position
             k, v, key_padding_mask = self._write_step(saved_state, static, k, v, key_padding_mask)
@@ -254,14 +255,14 @@ class CachedProjectionAttention(MultiheadAttention):
         if self.encoder_decoder_attention or "prev_key" not in buffer:
             return
         for name in ("prev_key", "prev_value"):
-            buffer[name] = static_decoding.grown(buffer[name], 2, capacity, 0)
-        buffer["prev_key_padding_mask"] = static_decoding.grown(
+            buffer[name] = decoding_step.grown(buffer[name], 2, capacity, 0)
+        buffer["prev_key_padding_mask"] = decoding_step.grown(
             buffer["prev_key_padding_mask"], 1, capacity, True)
         self._set_input_buffer(incremental_state, buffer)
 
     def set_beam_size(self, beam_size):
         """Ignored: the hypotheses per sentence come from each decoding call
-        (``sentence_groups``), never from state left by an earlier one."""
+        (``decoding_step``), never from state left by an earlier one."""
 
     def reorder_incremental_state(self, incremental_state, new_order: Tensor):
         """Self-attention caches per hypothesis; encoder-decoder attention per
@@ -269,25 +270,22 @@ class CachedProjectionAttention(MultiheadAttention):
         buffer = self._get_input_buffer(incremental_state)
         if not buffer:
             return incremental_state
-        static = static_decoding.state(incremental_state)
+        static = decoding_step.fixed_shape(incremental_state)
         order = new_order
         if self.encoder_decoder_attention:
-            count = sentence_groups.hypotheses_per_sentence(incremental_state)
+            count = decoding_step.hypotheses_per_sentence(incremental_state)
             rows = static.active if static else next(
                 t for t in buffer.values() if t is not None).size(0) * count
             if rows == new_order.numel():
                 return incremental_state
-            order = sentence_groups.sentence_order(new_order, count)
+            order = decoding_step.sentence_order(new_order, count)
         for name, tensor in buffer.items():
             if tensor is None or name.startswith("lineage_"):
                 continue  # (lineage buffers are never reordered: their ancestors are)
-            if static is None:
-                buffer[name] = tensor.index_select(0, order)
-            elif tensor.dim() == 4 and not self.encoder_decoder_attention:
-                # K/V: the positions written, this step's included
-                static_decoding.reorder_in_place(tensor, order, static.filled + 1)
-            else:
-                static_decoding.reorder_in_place(tensor, order)
+            written = None
+            if static is not None and tensor.dim() == 4 and not self.encoder_decoder_attention:
+                written = static.filled + 1  # K/V: the positions written, this step's included
+            buffer[name] = decoding_step.reorder(tensor, order, static, written)
         self._set_input_buffer(incremental_state, buffer)
         return incremental_state
 

@@ -11,7 +11,7 @@ in incremental decoding the encoder part of K/V is projected once per
 search neither stores it ``beam`` times nor copies it on every reorder; only
 the decoder part grows and is reordered (under the plugin's search on a CPU
 not even that: it lives on the search's lineage caches, and one kernel call
-attends both parts, ``lineage_decoding``). The full-sequence forward (training)
+attends both parts: the engine's ``self_attention`` step). The full-sequence forward (training)
 is one attention over the concatenation, as fairseq's.
 
 ``CrossSelfAttention`` is the soft kind, ``HardCrossSelfAttention`` the hard
@@ -34,7 +34,7 @@ from torch import Tensor
 from .cached_projection import CachedProjectionAttention, IncrementalState, one_copy_per_sentence
 from .gather import retrieve
 from .hard_retrieval_attention import HardRetrievalAttention
-from . import lineage_decoding, sentence_groups, static_decoding
+from . import decoding_step
 
 _SOURCE_STATE = "cross_self_source"
 
@@ -70,7 +70,7 @@ class CrossSelfAttention(CachedProjectionAttention):
             src_len = key.size(0) - tgt_len
             source_padding = None if key_padding_mask is None else key_padding_mask[:, :src_len]
             source = self._project_source(key[:src_len], source_padding,
-                                          sentence_groups.hypotheses_per_sentence(incremental_state))
+                                          decoding_step.hypotheses_per_sentence(incremental_state))
             self.set_incremental_state(incremental_state, _SOURCE_STATE, source)
             target_padding = None if key_padding_mask is None else key_padding_mask[:, src_len:]
             if attn_mask is not None:
@@ -78,8 +78,8 @@ class CrossSelfAttention(CachedProjectionAttention):
             target = key[src_len:]
         else:
             target_padding, target = key_padding_mask, key
-        lineage = lineage_decoding.state(incremental_state)
-        if lineage is not None and tgt_len == 1 and lineage_decoding.usable(self, query):
+        lineage = decoding_step.lineage(incremental_state)
+        if lineage is not None and tgt_len == 1 and lineage.usable(self, query):
             return self._lineage_step(query, lineage, source, incremental_state), None
         q, k, v, target_padding, *_ = self.project(
             query, target, target, target_padding, incremental_state, static_kv=False
@@ -107,10 +107,10 @@ class CrossSelfAttention(CachedProjectionAttention):
         saved_state = self._get_input_buffer(incremental_state)
         # fairseq's layer stops prepending the encoder states once "prev_key" is cached
         saved_state["prev_key"] = None
-        out = lineage_decoding.attend_step(
-            self, lineage, saved_state, self.q_proj(query).view(bsz * heads, 1, head_dim),
+        out = lineage.self_attention(
+            self, saved_state, self.q_proj(query).view(bsz * heads, 1, head_dim),
             self.k_proj(query), self.v_proj(query), bsz, source=source,
-            group=sentence_groups.hypotheses_per_sentence(incremental_state))
+            group=decoding_step.hypotheses_per_sentence(incremental_state))
         self._set_input_buffer(incremental_state, saved_state)
         return self.merge_heads(out, 1, bsz)
 
@@ -158,16 +158,13 @@ class CrossSelfAttention(CachedProjectionAttention):
         only when the generator drops finished sentences."""
         super().reorder_incremental_state(incremental_state, new_order)
         source = self._source_state(incremental_state)
-        count = sentence_groups.hypotheses_per_sentence(incremental_state)
-        static = static_decoding.state(incremental_state)
+        count = decoding_step.hypotheses_per_sentence(incremental_state)
+        static = decoding_step.fixed_shape(incremental_state)
         rows = static.active if static else (source["key"].size(0) * count if source else 0)
         if source and rows != new_order.size(0):
-            order = sentence_groups.sentence_order(new_order, count)
+            order = decoding_step.sentence_order(new_order, count)
             for name, tensor in source.items():
-                if static is not None:
-                    static_decoding.reorder_in_place(tensor, order)
-                else:
-                    source[name] = tensor.index_select(0, order)
+                source[name] = decoding_step.reorder(tensor, order, static)
             self.set_incremental_state(incremental_state, _SOURCE_STATE, source)
         return incremental_state
 

@@ -45,7 +45,7 @@ from torch import Tensor, nn
 
 from .. import kernels
 from ..kernels import gpu_ops
-from . import static_decoding
+from . import decoding_step
 from .cached_projection import CachedProjectionAttention
 from .cps import CpsCounter
 from .gate_networks import fast_tanh, gate_size
@@ -136,8 +136,8 @@ class FlexibleAttention(CachedProjectionAttention):
                 self.cps.add(visible, visible)
                 result = self._attend(probs, v, kv_bsz, bsz, need_weights, need_head_weights)
             centre = centres[:, -1].detach().view(bsz, self.num_heads)
-            if "centre" in state and static_decoding.state(incremental_state) is not None:
-                state["centre"].copy_(centre)  # the engine: the same tensor every step
+            if "centre" in state and decoding_step.fixed_shape(incremental_state) is not None:
+                state["centre"].copy_(centre)  # the fixed-shape step: the same tensor every step
             else:
                 state["centre"] = centre
             self.set_incremental_state(incremental_state, _CENTRE_STATE, state)
@@ -253,9 +253,7 @@ class FlexibleAttention(CachedProjectionAttention):
         super().reorder_incremental_state(incremental_state, new_order)
         state = self.get_incremental_state(incremental_state, _CENTRE_STATE)
         if state:
-            if static_decoding.state(incremental_state) is not None:
-                static_decoding.reorder_in_place(state["centre"], new_order)
-            else:
-                state["centre"] = state["centre"].index_select(0, new_order)
+            state["centre"] = decoding_step.reorder(state["centre"], new_order,
+                                                    decoding_step.fixed_shape(incremental_state))
             self.set_incremental_state(incremental_state, _CENTRE_STATE, state)
         return incremental_state

@@ -12,7 +12,7 @@ through the Gaussian); decoding gathers, per hypothesis and head, the keys of
 the 2D+2 candidate positions around p_t (a window of static width, so no step
 waits for the device to size it), scores only those and sums their values
 where they lie in the cache (``windows``); under the plugin's search on a
-CPU one kernel call does the same (``lineage_decoding.attend_window_step``).
+CPU one kernel call does the same (the engine's ``window_attention``).
 """
 
 from typing import Optional
@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import lineage_decoding
+from . import decoding_step
 from .cached_projection import CachedProjectionAttention
 from .cps import CpsCounter
 from .gate_networks import fast_tanh
@@ -71,9 +71,10 @@ class LocalAttention(CachedProjectionAttention):
                                lengths.repeat_interleave(rows_per_sentence), bsz)
 
         if incremental_state is not None and not self.training:
-            if (lineage_decoding.state(incremental_state) is not None and tgt_len == 1
-                    and not self.cps.enabled and lineage_decoding.usable(self, q, ("local",))):
-                out = lineage_decoding.attend_window_step(self, q, k, v, key_padding_mask,
+            lineage = decoding_step.lineage(incremental_state)
+            if (lineage is not None and tgt_len == 1 and not self.cps.enabled
+                    and lineage.usable(self, q, ("local",))):
+                out = lineage.window_attention(self, q, k, v, key_padding_mask,
                                                           centres[:, -1], kv_bsz)
                 return self.merge_heads(out, tgt_len, bsz), None
             out = self._window_step(q * self.scaling, k, v, key_padding_mask, kv_bsz, bsz,

@@ -31,8 +31,7 @@ import torch
 
 from ..errors import ConfigError
 from ..models.attention_kind_base import SMALL_DIMS
-from ..generation.workers import check_workers
-from ..models.decoding_engine import ENGINES
+from ..models.decoding_options import ENGINES, check_workers
 from .fixtures import (DTYPES, GENERATE_MAX_LEN, DictionaryTask, check_device, device_name, every_member, load_models,
                        parse_model_specs, random_batches, set_decoding_engine,
                        setup_translation_task, synthetic_dictionary, test_batches, to_device,

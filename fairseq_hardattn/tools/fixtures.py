@@ -13,7 +13,7 @@ from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 from fairseq.sequence_generator import SequenceGenerator
 
 from ..errors import ConfigError
-from ..generation.int8 import cpu_has_amx
+from ..decoding.int8 import cpu_has_amx
 
 
 @dataclass
@@ -194,7 +194,7 @@ GENERATE_MAX_LEN = (0.0, 200)
 def make_generator(model, dictionary, beam, fixed_output_len=None, max_len=GENERATE_MAX_LEN):
     """The generator fairseq-generate builds for ``model`` (the plugin's beam
     search where the model's --decoding-engine asks for it, else fairseq's)."""
-    from ..generation import generator_class
+    from ..decoding import generator_class
 
     if fixed_output_len:
         # EOS is blocked until min_len and forced at max_len: same work for all

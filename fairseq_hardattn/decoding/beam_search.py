@@ -38,8 +38,9 @@ from fairseq.sequence_generator import SequenceGenerator, SequenceGeneratorWithA
 from torch import Tensor, nn
 
 from .. import kernels
-from ..models import decoding_engine
-from ..modules import lineage_decoding, sentence_groups
+from ..modules import decoding_step
+from . import engines
+from .lineage import Lineage
 from .packed_linear import packed_linears
 from .workers import ParallelBatches
 
@@ -217,7 +218,7 @@ class PluginBeamSearch(ParallelBatches, SequenceGenerator):
                 # from one row per sentence to its beam (cross-attention caches stay per sentence)
                 order = torch.div(order, beam, rounding_mode="trunc")
                 for step_logits in steps:
-                    sentence_groups.set_hypotheses_per_sentence(step_logits.incremental_state, beam)
+                    decoding_step.set_hypotheses_per_sentence(step_logits.incremental_state, beam)
             step_tokens[step, :rows] = last
             step_scores[step, :rows] = scores
             step_parents[step, :rows] = order
@@ -325,25 +326,24 @@ class StepLogits:
 
     def start(self, net_input, expand: Tensor, rows: int, capacity: int):
         """Encode the sources; on a CPU, self-attention caches that are never
-        reordered (their ancestors are: ``lineage_decoding``)."""
+        reordered (their ancestors are: ``Lineage``)."""
         encoder = self.model.encoder
         self.sentence_encoder_out = encoder.forward_torchscript(net_input)
         self.encoder_out = encoder.reorder_encoder_out(self.sentence_encoder_out, expand)
         src_tokens = net_input["src_tokens"]
         engine = getattr(self.decoder, "decoding_engine", "fairseq")
-        if (src_tokens.device.type == "cpu" and decoding_engine.resolved(engine, src_tokens) == "dynamic"
+        if (engines.step_of(engine, src_tokens) == engines.LINEAGE_STEP
                 and any(getattr(m, "lineage_mode", None) for m in self.decoder.modules())):
-            lineage_decoding.start(self.incremental_state, rows, capacity)
-            self.lineage = lineage_decoding.state(self.incremental_state)
+            self.lineage = Lineage.start(self.incremental_state, rows, capacity)
 
     def next_step(self, order: Optional[Tensor], step: int, rows: int):
         """Row i of this step continues row ``order[i]`` of the last one."""
         if order is not None:
             self.decoder.reorder_incremental_state_scripting(self.incremental_state, order)
             if self.lineage is not None:
-                lineage_decoding.reorder(self.lineage, order)
+                self.lineage.reorder(order)
         if self.lineage is not None:
-            lineage_decoding.set_step(self.lineage, step, rows)
+            self.lineage.set_step(step, rows)
 
     def reorder_encoder_out(self, order: Tensor):
         """Finished sentences left the batch."""
@@ -473,12 +473,6 @@ def hard_alignments(attention: Tensor, src_tokens: Tensor, tgt_tokens: Tensor, p
         keep = tgt_valid[row]
         found.append(list(zip(aligned_src[row][keep].tolist(), tgt_word[row][keep].tolist())))
     return found
-
-    def __init__(self, models, tgt_dict, **kwargs):
-        if not all(getattr(model, "full_context_alignment", False) for model in models):
-            raise ValueError("alignments of models without full_context_alignment need fairseq's "
-                             "generator (fallback_reason)")
-        super().__init__(models, tgt_dict, **kwargs)
 
 
 def fallback_reason(models, args, extra_gen_cls_kwargs=None, prefix_allowed_tokens_fn=None) -> Optional[str]:

@@ -1,32 +1,27 @@
-"""The decoding engine: which search decodes, and how a decoder step runs.
+"""The fixed-shape step (``--decoding-engine static`` or ``graph``): every
+step after the first runs the same operations on the same tensors, so that
+a CUDA graph can replay it.
 
-``--decoding-engine`` (a model option; at decoding time
-``--model-overrides "{'decoding_engine': 'fairseq'}"`` or the hub's
-``decoding_engine='fairseq'``):
+In fairseq's step each step concatenates the new keys and values to the
+self-attention caches, reordering the beam builds new tensors, and finished
+sentences leave the batch: every step has other shapes and other tensors,
+which no CUDA graph can replay. This step keeps instead, for one decoding
+call (``decoding_step.FixedShape``):
 
-- ``auto`` (the default), ``search``: the plugin's beam search
-  (``generation/beam_search.py``: fairseq's hypotheses and scores, its own
-  passes over the vocabulary), whose step is ``graph`` on CUDA and, on a
-  CPU, fairseq's step with self-attention caches that are never reordered
-  (``modules/lineage_decoding.py``).
-- ``fairseq`` (formerly ``dynamic``, the name checkpoints may carry):
-  fairseq's generator and fairseq's step. Self-attention caches grow by one
-  concatenation per step, the beam is reordered into new tensors, finished
-  sentences leave the batch.
-- ``static``: fairseq's generator over the static step of
-  ``modules.static_decoding`` — a fixed number of rows, preallocated caches
-  written in place at a position held on the device, every state reordered
-  in place — so that every step after the first runs the same operations on
-  the same tensors. The step here is ours (embedding, layers, output
-  projection): fairseq's decoder asks the device whether a token is padding
-  on every step, which would stall a captured step.
-- ``graph``: ``static``, with the layers of the step captured once as a CUDA
-  graph and replayed on later steps (re-captured when the cache grows): the
-  kernel launches and the Python of a step cost one replay. CUDA only (on
-  other devices it runs as ``static``).
+- a fixed number of rows (the batch of the first step): when the generator
+  drops finished sentences, the remaining ones move to the first rows and the
+  others are computed but ignored;
+- self-attention caches preallocated to a capacity (doubled when full) and
+  written in place at ``position``, a device tensor (no host value enters a
+  step); positions not written yet are masked;
+- every other state (encoder K/V, running sums, tracked centres) updated and
+  reordered in place, so that its tensors stay the same across steps.
 
-All of them run through fairseq-generate, fairseq-interactive and the hub
-(``generation.generator_class`` picks the search; ``resolved`` the step).
+The step is ours (embedding, layers, output projection): fairseq's decoder
+asks the device whether a token is padding on every step, which would stall a
+captured step. ``graph`` captures the layers once as a CUDA graph and replays
+them on later steps (re-captured when the caches grow): the kernel launches
+and the Python of a step cost one replay.
 """
 
 import math
@@ -35,37 +30,12 @@ from typing import Dict, List, Optional
 import torch
 from torch import Tensor
 
-from ..modules import sentence_groups, static_decoding
+from ..modules import decoding_step
+from ..modules.decoding_step import FixedShape
+from .engines import GRAPH_STEP
 
-ENGINES = ("auto", "search", "fairseq", "dynamic", "static", "graph")
-# the step of the plugin's search on a CPU (measured: scripts/benchmark_decoding.py)
-CPU_STEP = "dynamic"
 _GRAPH = "fairseq_hardattn.decoding_graph"
 INITIAL_CAPACITY = 16
-
-
-# The commit at which scripts/gpu_check.sh last passed on a GPU (its record:
-# results/gpu_check/verdict.json); None: it has not. Until it has, ``auto`` on
-# CUDA is fairseq's generator and step, which fairseq runs on GPUs; ``search``
-# chooses the plugin's search there.
-CUDA_SEARCH_PASSED_AT = None
-
-
-def cuda_auto_is_fairseqs(engine: str) -> bool:
-    """Whether ``engine`` on CUDA decodes with fairseq's generator and step."""
-    return engine == "auto" and CUDA_SEARCH_PASSED_AT is None
-
-
-def resolved(engine: str, tokens: Tensor) -> str:
-    """How a step runs: ``dynamic``, ``static`` or ``graph``. The plugin's
-    search (``search``; ``auto`` unless on an unchecked GPU) steps as
-    ``graph`` on CUDA and as ``CPU_STEP`` elsewhere; ``fairseq``
-    (``dynamic``, its former name) as fairseq does."""
-    if engine == "auto" and tokens.is_cuda and cuda_auto_is_fairseqs(engine):
-        return "dynamic"
-    if engine in ("auto", "search"):
-        return "graph" if tokens.is_cuda else CPU_STEP
-    return "dynamic" if engine == "fairseq" else engine
 
 
 def attention_modules(decoder):
@@ -126,21 +96,25 @@ class CapturedStep:
 
 def step(decoder, tokens: Tensor, encoder_out: Optional[Dict[str, List[Tensor]]],
          incremental_state, engine: str, features_only: bool = False):
-    """One decoding step of ``decoder`` (``static`` or ``graph``); returns what
-    fairseq's decoder does: (logits (bsz, 1, vocab), extra), or the features
-    before the output projection (``features_only``: never captured)."""
+    """One fixed-shape step of ``decoder`` (``static`` or ``graph``); returns
+    what fairseq's decoder does: (logits (bsz, 1, vocab), extra), or the
+    features before the output projection (``features_only``: never captured)."""
     active, filled = tokens.size(0), tokens.size(1) - 1
-    static = static_decoding.state(incremental_state)
+    call = decoding_step.start_call(incremental_state)
+    static = call.fixed_shape
     if static is None:
         capacity = max(INITIAL_CAPACITY, 2 ** math.ceil(math.log2(filled + 1)))
-        static = static_decoding.start(incremental_state, active, capacity, tokens.device)
+        static = call.fixed_shape = FixedShape(
+            position=torch.zeros(1, dtype=torch.long, device=tokens.device), rows=active,
+            capacity=capacity, active=active)
     elif filled >= static.capacity:  # full: twice the room (and a new graph)
         for module in attention_modules(decoder):
             module.grow_static_cache(incremental_state, 2 * static.capacity)
-        static_decoding.set_capacity(static, 2 * static.capacity)
+        static.capacity *= 2
         incremental_state.pop(_GRAPH, None)
-    static_decoding.set_step(static, filled)
-    sentence_groups.start_step(incremental_state, encoder_out)
+    static.filled = filled
+    static.position.fill_(filled)
+    decoding_step.start_step(incremental_state, encoder_out)
 
     x = embed_last_token(decoder, tokens, incremental_state)
     step_padding = tokens[:, -1:].eq(decoder.padding_idx)
@@ -155,7 +129,7 @@ def step(decoder, tokens: Tensor, encoder_out: Optional[Dict[str, List[Tensor]]]
     # a replayed graph runs no Python: CPS counts (--print-cps) need the eager step
     counting = any(getattr(getattr(m, "cps", None), "enabled", False)
                    for m in attention_modules(decoder))
-    if engine == "graph" and x.is_cuda and filled > 0 and not counting and not features_only:
+    if engine == GRAPH_STEP and x.is_cuda and filled > 0 and not counting and not features_only:
         captured = incremental_state.get(_GRAPH)
         if captured is None:
             # this step runs eagerly (it also initialises the libraries the
@@ -177,6 +151,6 @@ def step(decoder, tokens: Tensor, encoder_out: Optional[Dict[str, List[Tensor]]]
 
 def reordered(incremental_state, new_order: Tensor):
     """After the generator's reorder: the rows now in use."""
-    static = static_decoding.state(incremental_state)
+    static = decoding_step.fixed_shape(incremental_state)
     if static is not None:
-        static_decoding.set_active(static, new_order.numel())
+        static.active = new_order.numel()

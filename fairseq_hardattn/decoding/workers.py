@@ -3,43 +3,43 @@ option: at decoding time ``--model-overrides "{'decoding_workers': 2}"`` or
 the hub's ``decoding_workers=2``; ``auto``, the default, uses every thread
 the process may use).
 
-A step of the plugin's search at the small preset's dims is too small to
-split well over cores (two intra-op threads: 1.27x one; two worker
-processes: 1.95x), and Python threads share one interpreter lock
-(1.5x-1.7x). So, as CTranslate2's ``inter_threads``, the search decodes
-several batches at once: each in a worker process of one thread, forked
-from the decoding process once the model is ready, so that the weights (the
-int8 ones and oneDNN's packed copies included) are shared with it, never
-copied. The process that asked waits for the batch it asked for; the
-others are already under way.
+A step of the plugin's search at small dims is too small to split well over
+cores, and Python threads share one interpreter lock. So, as CTranslate2's
+``inter_threads``, the search decodes several batches at once: each in a
+worker process of one thread, forked from the decoding process once the
+model is ready, so that the weights (the int8 ones and oneDNN's packed
+copies included) are shared with it, never copied. The process that asked
+waits for the batch it asked for; the others are already under way.
 
-How the search sees the next batches: fairseq-generate, the hub and
-``--eval-bleu`` iterate a ``CountingIterator``, fairseq-interactive its
-``make_batches``; ``fairseq_compat`` makes both remember, per thread, the
-batch they yielded last (``note_yielded``) and read ahead on request
-(``batches_after``). A call whose batch came from such a source, with no
-prefix or constraints, decodes in parallel; any other call decodes as
-before. Outputs are the same as one process's, in the same order: a worker
-decodes a batch exactly as the calling process would (one thread or
-several give the same sums in every kernel the search uses; tested). A
-batch of hundreds of sentences decodes in chunks (``CHUNK_SENTENCES``), in
-one process one after another, with workers each chunk a task: the same
-chunks either way, so the same output. While batches are out in the
-workers, the objects alive at the fork are frozen out of Python's cyclic
-collector (``WorkerPool.hold_collector``), and the model's first batch
-imports nothing (``import_what_the_first_batch_imports``): either cost
-every worker a few tenths of a second again.
+The search finds the next batches through ``read_ahead``. A call whose batch
+came from such a source, with no prefix or constraints, decodes in
+parallel; any other call decodes as before. Outputs are one process's, in
+the same order (the equality contract: docs/decoding_engine.md). A batch of
+hundreds of sentences decodes in chunks (``CHUNK_SENTENCES``), in one
+process one after another, with workers each chunk a task: the same chunks
+either way. While batches are out in the workers, the objects alive at the
+fork are frozen out of Python's cyclic collector
+(``WorkerPool.hold_collector``), and the model's first batch imports nothing
+(``import_what_the_first_batch_imports``): either would cost every worker a
+few tenths of a second again.
 
 Workers run only for models that fairseq's tools prepared for decoding
 (``prepare_for_inference_``: fairseq-generate, fairseq-interactive, the
 hub), whose weights no longer change; never in training (``--eval-bleu``),
 where each validation must see the updated weights. They live as long as
-the generator that forked them (the hub builds one per call). A process
+the generator that forked them (the hub builds one per call), and never
+longer than the process that forked them (``die_with_parent``). A process
 whose other threads are decoding (a threaded server) forks no workers: a
 fork copies only the thread that forks, and the locks the others hold would
 stay locked in a worker; such a call decodes in its own thread. A worker
 that fails hands its error to the caller; one that dies is replaced by the
 calling process decoding its batches itself, with one warning.
+
+Why not ``concurrent.futures.ProcessPoolExecutor``: its queues pickle with
+multiprocessing's pickler (each tensor through a shared-memory file and a
+socket: ``send`` says why not), one dead worker breaks the whole pool where
+here the calling process takes over, and a running task cannot be stopped
+where a command that is told to end kills its workers at once.
 """
 
 import collections
@@ -60,35 +60,19 @@ from typing import Dict, List, Optional
 
 import torch
 
-from ..errors import ConfigError
+from ..models.decoding_options import AUTO
 from .packed_linear import packed_linears
+from .read_ahead import batches_after, source_tokens
 
 logger = logging.getLogger(__name__)
 
-AUTO = "auto"
 # batches queued per worker: one decoding, one waiting, so that a worker
 # never idles while the calling process prints the last batch
 QUEUED_PER_WORKER = 2
 # a larger batch decodes in chunks of about this many sentences, one after
 # another or in the workers at once: fairseq-generate's default --max-tokens
-# makes batches of hundreds (test2016: 521, 387 and 92 sentences), whose
-# step outgrows the CPU's caches (test2016, one thread: 194.5 -> 201.7
-# sent/s in batches of 128; two cores: 317.0 -> 341.3)
+# makes batches of hundreds, whose step outgrows the CPU's caches
 CHUNK_SENTENCES = 128
-
-
-def check_workers(value):
-    """``--decoding-workers``: ``auto`` or a number >= 1 (a string from the
-    command line, an int from overrides); returns it normalised."""
-    if value is None or value == AUTO:
-        return AUTO
-    try:
-        workers = int(value)
-    except (TypeError, ValueError):
-        workers = 0
-    if workers < 1 or str(value).strip() != str(workers):
-        raise ConfigError(f"--decoding-workers must be 'auto' or a number >= 1, got {value!r}")
-    return workers
 
 
 def available_threads() -> int:
@@ -121,24 +105,12 @@ def can_fork() -> bool:
     return "fork" in multiprocessing.get_all_start_methods()
 
 
-# --- what comes next: the batches after this one ------------------------------
-
-_last = threading.local()
-
-
-def _source_tokens(batch):
-    """A batch's source tokens: a sample's ``net_input``, or
-    fairseq-interactive's ``Batch``."""
-    if isinstance(batch, dict):
-        net_input = batch.get("net_input")
-        return net_input.get("src_tokens") if isinstance(net_input, dict) else None
-    return getattr(batch, "src_tokens", None)
-
+# --- a batch in chunks ----------------------------------------------------------
 
 def rows_of(sample, selected: torch.Tensor):
     """The part of ``sample`` that holds its sentences ``selected`` (row
     indices), the padded width kept."""
-    sentences = _source_tokens(sample).size(0)
+    sentences = source_tokens(sample).size(0)
 
     def part(value):
         if isinstance(value, dict):
@@ -156,7 +128,7 @@ def rows_of(sample, selected: torch.Tensor):
 def chunks_of(sample) -> List[Dict]:
     """``sample`` in chunks of at most ``CHUNK_SENTENCES`` sentences, as even
     as they divide (a CPU batch; any other whole)."""
-    tokens = _source_tokens(sample)
+    tokens = source_tokens(sample)
     if not torch.is_tensor(tokens) or tokens.device.type != "cpu" or tokens.size(0) <= CHUNK_SENTENCES:
         return [sample]
     count = -(-tokens.size(0) // CHUNK_SENTENCES)
@@ -167,83 +139,6 @@ def plain(kwargs) -> bool:
     """A call without a prefix or constraints: its batch may decode in chunks,
     and in the workers (those belong to their batch: decoded whole, here)."""
     return not any(value is not None for value in kwargs.values())
-
-
-def note_yielded(source, batch):
-    """``source`` (a lookahead source: ``take_ahead(n)``) yielded ``batch`` in
-    this thread; weak references, so nothing is kept alive."""
-    tokens = _source_tokens(batch)
-    if torch.is_tensor(tokens):
-        _last.tokens, _last.source = weakref.ref(tokens), weakref.ref(source)
-
-
-def batches_after(sample, n: int) -> List[Dict]:
-    """Up to ``n`` samples that this thread's last lookahead source will yield
-    after ``sample`` (read ahead now, yielded later as they are), or [] when
-    ``sample`` is not that source's last batch."""
-    tokens, source = getattr(_last, "tokens", None), getattr(_last, "source", None)
-    tokens, source = tokens and tokens(), source and source()
-    if tokens is None or source is None or tokens is not _source_tokens(sample):
-        return []
-    return source.take_ahead(n)
-
-
-def counting_iterator_lookahead(iterator_class):
-    """Give fairseq's ``CountingIterator`` a read-ahead buffer: ``take_ahead``
-    pulls batches now, ``__next__`` yields them in order later (and notes
-    each batch it yields)."""
-    original_next = iterator_class.__next__
-
-    def __next__(self):
-        ahead = self.__dict__.get("_ahead")
-        if ahead:
-            if not self.has_next():
-                raise StopIteration
-            batch = ahead.popleft()
-            self.n += 1
-        else:
-            batch = original_next(self)
-        note_yielded(self, batch)
-        return batch
-
-    def take_ahead(self, n):
-        ahead = self.__dict__.setdefault("_ahead", collections.deque())
-        while len(ahead) < n and self.n + len(ahead) < self.total:
-            try:
-                ahead.append(next(self._itr))
-            except StopIteration:
-                break
-        return [batch for batch in list(ahead)[:n] if isinstance(batch, dict) and "net_input" in batch]
-
-    iterator_class.__next__ = __next__
-    iterator_class.take_ahead = take_ahead
-
-
-class InteractiveBatches:
-    """fairseq-interactive's batches (``make_batches``), able to read ahead:
-    the samples it builds from them are ``{"net_input": {"src_tokens",
-    "src_lengths"}}``, as fairseq-interactive's own."""
-
-    def __init__(self, batches):
-        self._batches = iter(batches)
-        self._ahead = collections.deque()
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        batch = self._ahead.popleft() if self._ahead else next(self._batches)
-        note_yielded(self, batch)
-        return batch
-
-    def take_ahead(self, n):
-        while len(self._ahead) < n:
-            try:
-                self._ahead.append(next(self._batches))
-            except StopIteration:
-                break
-        return [{"net_input": {"src_tokens": b.src_tokens, "src_lengths": b.src_lengths}}
-                for b in list(self._ahead)[:n] if getattr(b, "constraints", None) is None]
 
 
 # --- the workers ----------------------------------------------------------------
@@ -575,7 +470,7 @@ class ParallelBatches:
 
     def generate(self, models, sample, **kwargs):
         pending = self.__dict__.setdefault("_pending", {})  # id(src_tokens) -> (src_tokens, tasks)
-        tokens = _source_tokens(sample)
+        tokens = source_tokens(sample)
         # batches read ahead are decoded without a prefix or constraints: so must this one be
         plain_call = plain(kwargs)
         entry = pending.pop(id(tokens), None) if plain_call and torch.is_tensor(tokens) else None
@@ -594,7 +489,7 @@ class ParallelBatches:
                 for ahead in batches_after(sample, window):
                     if pool.in_flight() >= window:
                         break
-                    ahead_tokens = _source_tokens(ahead)
+                    ahead_tokens = source_tokens(ahead)
                     if id(ahead_tokens) not in pending:
                         pending[id(ahead_tokens)] = (ahead_tokens,
                                                      [pool.submit(chunk) for chunk in chunks_of(ahead)])
@@ -624,7 +519,7 @@ class ParallelBatches:
         if pool is not None or not plain_call or getattr(self, "_workers_off", False):
             return pool
         models = self.model.models
-        src_tokens = _source_tokens(sample)
+        src_tokens = source_tokens(sample)
         setting = getattr(models[0], "decoding_workers", 1)
         if (not torch.is_tensor(src_tokens) or src_tokens.device.type != "cpu"
                 or not all(getattr(m, "prepared_for_inference", False) for m in models)):

@@ -1,0 +1,99 @@
+"""The decoding engine: everything that makes decoding fast, apart from the
+mechanisms it decodes (``modules/``, ``models/``, which import nothing
+from here).
+
+- ``generator_class``: which generator fairseq's tools get (fairseq-generate,
+  fairseq-interactive, ``--eval-bleu`` and the hub all build theirs through
+  ``task.build_generator``, which the plugin routes here): the plugin's beam
+  search (``beam_search``) where every model is the plugin's and the options
+  are ones it runs, fairseq's generator otherwise;
+- ``engines``: ``--decoding-engine`` and the step each engine runs;
+- the steps: ``lineage`` (the search's on a CPU, one kernel call per
+  attention sublayer), ``fixed_shape_step`` (static, or a CUDA graph);
+- ``workers`` (batches at once in forked processes, ``read_ahead`` of
+  fairseq's iterators), ``int8`` and ``packed_linear`` (Linear layers for a
+  CPU).
+
+The engine meets the models through ``modules/decoding_step.py``: it keeps
+one ``DecodingCall`` per decoding call, and ``ENGINE`` (registered there on
+import) runs a decoder's fixed-shape step and prepares a model for decoding.
+"""
+
+import logging
+
+from ..modules import decoding_step
+from . import engines, fixed_shape_step
+from .beam_search import PluginBeamSearch, PluginBeamSearchWithAlignment, fallback_reason
+from .int8 import check_int8_decoding, quantize_for_decoding
+from .workers import import_what_the_first_batch_imports
+
+logger = logging.getLogger(__name__)
+
+
+def engine_of(model):
+    """A model's ``--decoding-engine``; None for a model not of this plugin."""
+    return getattr(getattr(model, "decoder", None), "decoding_engine", None)
+
+
+def wants_plugin_search(models) -> bool:
+    """Every model is one of this plugin's, set to decode with its search."""
+    return bool(models) and all(engine_of(model) in engines.PLUGIN_SEARCH_ENGINES for model in models)
+
+
+def on_cuda(models) -> bool:
+    """Whether the models decode on a CUDA device."""
+    parameter = next((p for model in models for p in model.parameters()), None)
+    return parameter is not None and parameter.is_cuda
+
+
+def generator_class(models, args, extra_gen_cls_kwargs=None, prefix_allowed_tokens_fn=None):
+    """(the generator class, its extra keyword arguments) for ``models`` and
+    the generation options ``args``, or None for fairseq's choice."""
+    if getattr(args, "score_reference", False) or not wants_plugin_search(models):
+        return None
+    if on_cuda(models) and any(engines.cuda_auto_is_fairseqs(engine_of(m)) for m in models):
+        logger.info("on CUDA the plugin's search has not passed its GPU check (scripts/gpu_check.sh) "
+                    "at this version: decoding with fairseq's generator; --model-overrides "
+                    "\"{'decoding_engine': 'search'}\" (hub: decoding_engine='search') for the plugin's")
+        return None
+    reason = fallback_reason(models, args, extra_gen_cls_kwargs, prefix_allowed_tokens_fn)
+    if reason is not None:
+        logger.info("the plugin's beam search does not run %s: decoding with fairseq's generator",
+                    reason)
+        return None
+    extra = dict(extra_gen_cls_kwargs or {})
+    if getattr(args, "print_alignment", False):
+        extra["print_alignment"] = args.print_alignment
+        extra["aligned_nbest"] = max(1, getattr(args, "nbest", 1) or 1)
+        return PluginBeamSearchWithAlignment, extra
+    return PluginBeamSearch, extra
+
+
+class Engine:
+    """What the engine does for a model of the plugin (``decoding_step.StepEngine``)."""
+
+    def decoder_step(self, decoder, tokens, encoder_out, incremental_state, features_only):
+        step = engines.step_of(decoder.decoding_engine, tokens)
+        if step not in engines.FIXED_SHAPE_STEPS:
+            return None
+        return fixed_shape_step.step(decoder, tokens, encoder_out, incremental_state, step,
+                                     features_only)
+
+    def reordered(self, incremental_state, new_order):
+        fixed_shape_step.reordered(incremental_state, new_order)
+
+    def prepare_for_inference(self, model, cfg):
+        """int8 Linear layers where the model's options ask for them
+        (``--int8-decoding``), and what the first batch would import, imported
+        now."""
+        import_what_the_first_batch_imports()
+        if getattr(model.args, "int8_decoding", False):
+            check_int8_decoding(model, cfg)
+            quantize_for_decoding(model)
+
+
+ENGINE = Engine()
+decoding_step.set_step_engine(ENGINE)
+
+__all__ = ["ENGINE", "PluginBeamSearch", "PluginBeamSearchWithAlignment", "fallback_reason",
+           "generator_class", "wants_plugin_search"]

@@ -1,0 +1,106 @@
+"""fairseq's batches, able to read ahead: so that the plugin's search can
+hand the batches after the one it was asked for to worker processes
+(``workers``) while it decodes that one.
+
+fairseq-generate, the hub and ``--eval-bleu`` iterate a ``CountingIterator``
+and hand the generator one batch at a time; fairseq-interactive iterates its
+``make_batches``. Both can read ahead on request (``take_ahead``) and note,
+per thread, the batch they yielded last (``note_yielded``), so that the
+search finds the batches after its own (``batches_after``). What they yield,
+and its order, is unchanged.
+"""
+
+import collections
+import threading
+import weakref
+from typing import Dict, List
+
+import torch
+
+_last = threading.local()
+
+
+def source_tokens(batch):
+    """A batch's source tokens: a sample's ``net_input``, or
+    fairseq-interactive's ``Batch``."""
+    if isinstance(batch, dict):
+        net_input = batch.get("net_input")
+        return net_input.get("src_tokens") if isinstance(net_input, dict) else None
+    return getattr(batch, "src_tokens", None)
+
+
+def note_yielded(source, batch):
+    """``source`` (a lookahead source: ``take_ahead(n)``) yielded ``batch`` in
+    this thread; weak references, so nothing is kept alive."""
+    tokens = source_tokens(batch)
+    if torch.is_tensor(tokens):
+        _last.tokens, _last.source = weakref.ref(tokens), weakref.ref(source)
+
+
+def batches_after(sample, n: int) -> List[Dict]:
+    """Up to ``n`` samples that this thread's last lookahead source will yield
+    after ``sample`` (read ahead now, yielded later as they are), or [] when
+    ``sample`` is not that source's last batch."""
+    tokens, source = getattr(_last, "tokens", None), getattr(_last, "source", None)
+    tokens, source = tokens and tokens(), source and source()
+    if tokens is None or source is None or tokens is not source_tokens(sample):
+        return []
+    return source.take_ahead(n)
+
+
+def counting_iterator_lookahead(iterator_class):
+    """Give fairseq's ``CountingIterator`` a read-ahead buffer: ``take_ahead``
+    pulls batches now, ``__next__`` yields them in order later (and notes
+    each batch it yields)."""
+    original_next = iterator_class.__next__
+
+    def __next__(self):
+        ahead = self.__dict__.get("_ahead")
+        if ahead:
+            if not self.has_next():
+                raise StopIteration
+            batch = ahead.popleft()
+            self.n += 1
+        else:
+            batch = original_next(self)
+        note_yielded(self, batch)
+        return batch
+
+    def take_ahead(self, n):
+        ahead = self.__dict__.setdefault("_ahead", collections.deque())
+        while len(ahead) < n and self.n + len(ahead) < self.total:
+            try:
+                ahead.append(next(self._itr))
+            except StopIteration:
+                break
+        return [batch for batch in list(ahead)[:n] if isinstance(batch, dict) and "net_input" in batch]
+
+    iterator_class.__next__ = __next__
+    iterator_class.take_ahead = take_ahead
+
+
+class InteractiveBatches:
+    """fairseq-interactive's batches (``make_batches``), able to read ahead:
+    the samples it builds from them are ``{"net_input": {"src_tokens",
+    "src_lengths"}}``, as fairseq-interactive's own."""
+
+    def __init__(self, batches):
+        self._batches = iter(batches)
+        self._ahead = collections.deque()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        batch = self._ahead.popleft() if self._ahead else next(self._batches)
+        note_yielded(self, batch)
+        return batch
+
+    def take_ahead(self, n):
+        while len(self._ahead) < n:
+            try:
+                self._ahead.append(next(self._batches))
+            except StopIteration:
+                break
+        return [{"net_input": {"src_tokens": b.src_tokens, "src_lengths": b.src_lengths}}
+                for b in list(self._ahead)[:n] if getattr(b, "constraints", None) is None]
