@@ -101,3 +101,26 @@ def test_two_processes_building_at_once_both_load_whole_libraries(tmp_path):
     check = subprocess.run([sys.executable, "-c", "import ctypes, sys; [ctypes.CDLL(p) for p in sys.argv[1:]]",
                             *outputs[0][0].split()], env=env, capture_output=True, text=True)
     assert check.returncode == 0, check.stderr
+
+
+def test_every_kernel_binding_agrees_with_its_c_prototype_and_a_wrong_one_is_refused():
+    """Each C function is called by its parameters' names, in the order and
+    with the types its C definition declares (read from the source at load);
+    a binding that swaps two parameters, or gives a float for an int64, is
+    refused before any call, and a call that misses a name fails by name."""
+    import ctypes
+
+    for kernel in kernels.KERNELS:
+        source = kernels.SOURCE_DIR / f"{kernel.library}.c"
+        assert kernels.c_prototype(source.read_text(), kernel.name) == list(kernel.parameters)
+        kernels.check_signature(kernel, source)
+    step = kernels.STEP_ATTENTION
+    swapped = list(step.parameters)
+    swapped[1], swapped[2] = swapped[2], swapped[1]
+    retyped = [(name, ctypes.c_float if name == "rows" else kind) for name, kind in step.parameters]
+    for parameters in (swapped, retyped):
+        wrong = kernels.Kernel(step.library, step.name, parameters, step.returns)
+        with pytest.raises(RuntimeError, match="disagrees with step_attention.c"):
+            wrong.function()
+    with pytest.raises(TypeError, match=r"missing \['positions'\]"):
+        kernels.STEP_ATTENTION_THREADS(rows=1, heads=1, dim=1)

@@ -22,6 +22,7 @@ import ctypes
 import hashlib
 import logging
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -152,27 +153,99 @@ def load(name: str) -> Optional[ctypes.CDLL]:
     return _loaded[name]
 
 
-_i64, _f32, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
-_FLEXIBLE_BAND_ARGS = [_ptr, _i64, _i64, _f32, _ptr, _ptr, _i64, _ptr, _i64, _i64,
-                       _ptr, _ptr, _f32, _f32, _f32, _ptr, _ptr, _ptr]
+_i64, _f32, _int, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_int, ctypes.c_void_p
+# C parameter types -> ctypes (any pointer: an address)
+_C_TYPES = {"int64_t": _i64, "float": _f32, "int": _int}
 
 
-def _function(library_name: str, name: str, argtypes, restype):
-    """The C function ``name`` of the kernel library ``library_name`` with
-    its signature set, or None (no library)."""
-    library = load(library_name)
-    if library is None:
-        return None
-    function = getattr(library, name)
-    if function.argtypes is None:
-        function.argtypes = argtypes
-        function.restype = restype
-    return function
+class Kernel:
+    """A C function of a kernel library, called by its parameters' names
+    (``kernel(q=..., rows=...)``): ``parameters`` are (name, ctypes type) in
+    the C order. At load its prototype is read from the C source and must
+    agree, name for name and type for type (``check_signature``), so that
+    Python and C never disagree on an argument's place or type."""
+
+    def __init__(self, library: str, name: str, parameters, returns):
+        self.library, self.name, self.returns = library, name, returns
+        self.parameters = tuple(parameters)
+        self._names = {name for name, _ in self.parameters}
+        self._bound = self._function = None  # the library it was bound in, and its function
+
+    def function(self):
+        """The loaded, checked C function, or None (no library)."""
+        library = load(self.library)
+        if library is None:
+            return None
+        if self._bound is not library:
+            check_signature(self, SOURCE_DIR / f"{self.library}.c")
+            function = getattr(library, self.name)
+            function.argtypes = [kind for _, kind in self.parameters]
+            function.restype = self.returns
+            self._bound, self._function = library, function
+        return self._function
+
+    def __call__(self, **arguments):
+        if arguments.keys() != self._names:
+            missing, extra = sorted(self._names - arguments.keys()), sorted(arguments.keys() - self._names)
+            raise TypeError(f"{self.name}: missing {missing}, unknown {extra}")
+        return self.function()(*[arguments[name] for name, _ in self.parameters])
+
+
+def c_prototype(source: str, name: str):
+    """(name, ctypes type) of each parameter of the C function ``name`` as
+    ``source`` defines it (object-like macros expanded)."""
+    macros = {m.group(1): m.group(2).replace("\\\n", " ")
+              for m in re.finditer(r"^#define (\w+)[ \t]+((?:.*\\\n)*.*)$", source, flags=re.M)}
+    match = re.search(rf"^\w+\s+{name}\s*\(([^)]*)\)\s*{{", source, flags=re.M)
+    if match is None:
+        raise RuntimeError(f"no definition of {name} in the kernel source")
+    text = match.group(1)
+    for _ in range(4):  # macros within macros
+        text = re.sub(r"\b(\w+)\b", lambda m: macros.get(m.group(1), m.group(1)), text)
+    found = []
+    for parameter in text.split(","):
+        words = parameter.replace("*", " * ").split()
+        pointer = "*" in words
+        words = [w for w in words if w not in ("*", "const")]
+        found.append((words[-1], _ptr if pointer else _C_TYPES[words[-2]]))
+    return found
+
+
+def check_signature(kernel: Kernel, source_path: Path):
+    """Raise RuntimeError where ``kernel`` disagrees with its C prototype."""
+    declared = c_prototype(source_path.read_text(), kernel.name)
+    if list(kernel.parameters) != declared:
+        raise RuntimeError(f"the Python binding of {kernel.name} disagrees with {source_path.name}: "
+                           f"{[(n, t.__name__) for n, t in kernel.parameters]} against "
+                           f"{[(n, t.__name__) for n, t in declared]}")
+
+
+FLEXIBLE_BAND = Kernel("flexible_band", "flexible_band_step", [
+    ("q", _ptr), ("rows", _i64), ("head_dim", _i64), ("scaling", _f32), ("k", _ptr), ("v", _ptr),
+    ("src_len", _i64), ("padding", _ptr), ("beam", _i64), ("heads", _i64), ("centre", _ptr),
+    ("gate", _ptr), ("sigma", _f32), ("two_tau", _f32), ("penalty_coef", _f32), ("out", _ptr),
+    ("new_centre", _ptr), ("scored", _ptr)], _int)
+BEAM_CANDIDATES = Kernel("beam_candidates", "beam_candidates", [
+    ("logits", _ptr), ("rows", _i64), ("vocab", _i64), ("stride", _i64), ("cols", _ptr), ("adds", _ptr),
+    ("nspecial", _i64), ("k", _i64), ("top_vals", _ptr), ("top_idx", _ptr), ("lse", _ptr)], None)
+ENSEMBLE_LOG_PROBS = Kernel("beam_candidates", "ensemble_log_probs", [
+    ("logits", _ptr), ("strides", _ptr), ("models", _i64), ("rows", _i64), ("vocab", _i64),
+    ("out", _ptr)], _int)
+STEP_ATTENTION = Kernel("step_attention", "step_attention", [
+    ("q", _ptr), ("rows", _i64), ("heads", _i64), ("dim", _i64), ("src_keys", _ptr), ("src_keys_t", _ptr),
+    ("src_values", _ptr), ("sentence_stride", _i64), ("head_stride", _i64), ("src_position_stride", _i64),
+    ("src_padding", _ptr), ("src_len", _i64), ("group", _i64), ("keys", _ptr), ("values", _ptr),
+    ("ancestors", _ptr), ("anc_stride", _i64), ("rows0", _i64), ("length", _i64), ("scale", _f32),
+    ("mode", _int), ("k", _i64), ("centres", _ptr), ("window", _f32), ("gaussian", _f32),
+    ("out", _ptr)], _int)
+STEP_ATTENTION_THREADS = Kernel("step_attention", "step_attention_threads", [
+    ("rows", _i64), ("heads", _i64), ("dim", _i64), ("positions", _i64)], _int)
+KERNELS = (FLEXIBLE_BAND, BEAM_CANDIDATES, ENSEMBLE_LOG_PROBS, STEP_ATTENTION, STEP_ATTENTION_THREADS)
 
 
 def flexible_band_function():
     """The C function ``flexible_band_step``, or None."""
-    return _function("flexible_band", "flexible_band_step", _FLEXIBLE_BAND_ARGS, ctypes.c_int)
+    return FLEXIBLE_BAND.function()
 
 
 def can_run_flexible_band(q: Tensor, k: Tensor, v: Tensor) -> bool:
@@ -200,22 +273,19 @@ def flexible_band_step(q: Tensor, k: Tensor, v: Tensor, padding: Optional[Tensor
     out = q.new_empty(rows, head_dim)
     new_centre = centre.new_empty(rows)
     scored = torch.empty(rows, dtype=torch.int64)
-    status = flexible_band_function()(
-        q.data_ptr(), rows, head_dim, scaling, k.data_ptr(), v.data_ptr(), src_len,
-        None if padding is None else padding.data_ptr(), beam, heads,
-        centre.data_ptr(), gate.data_ptr(), sigma, 2.0 * threshold, -0.5 / sigma ** 2,
-        out.data_ptr(), new_centre.data_ptr(), scored.data_ptr())
+    status = FLEXIBLE_BAND(
+        q=q.data_ptr(), rows=rows, head_dim=head_dim, scaling=scaling, k=k.data_ptr(), v=v.data_ptr(),
+        src_len=src_len, padding=_address(padding), beam=beam, heads=heads, centre=centre.data_ptr(),
+        gate=gate.data_ptr(), sigma=sigma, two_tau=2.0 * threshold, penalty_coef=-0.5 / sigma ** 2,
+        out=out.data_ptr(), new_centre=new_centre.data_ptr(), scored=scored.data_ptr())
     if status != 0:
         raise MemoryError("flexible_band_step: could not allocate its scratch memory")
     return out, new_centre, scored
 
 
-_BEAM_CANDIDATES_ARGS = [_ptr, _i64, _i64, _i64, _ptr, _ptr, _i64, _i64, _ptr, _ptr, _ptr]
-
-
 def beam_candidates_function():
     """The C function ``beam_candidates``, or None."""
-    return _function("beam_candidates", "beam_candidates", _BEAM_CANDIDATES_ARGS, None)
+    return BEAM_CANDIDATES.function()
 
 
 def can_run_beam_candidates(logits: Tensor) -> bool:
@@ -236,17 +306,16 @@ def beam_candidates(logits: Tensor, special_columns: Tensor, special_adds: Tenso
     top_vals = logits.new_empty(rows, k)
     top_idx = torch.empty(rows, k, dtype=torch.int64)
     lse = logits.new_empty(rows, 1)
-    beam_candidates_function()(
-        logits.data_ptr(), rows, vocab, logits.stride(0), special_columns.data_ptr(),
-        special_adds.data_ptr(), special_columns.numel(), k, top_vals.data_ptr(),
-        top_idx.data_ptr(), lse.data_ptr())
+    BEAM_CANDIDATES(
+        logits=logits.data_ptr(), rows=rows, vocab=vocab, stride=logits.stride(0),
+        cols=special_columns.data_ptr(), adds=special_adds.data_ptr(), nspecial=special_columns.numel(),
+        k=k, top_vals=top_vals.data_ptr(), top_idx=top_idx.data_ptr(), lse=lse.data_ptr())
     return top_vals, top_idx, lse
 
 
 def ensemble_log_probs_function():
     """The C function ``ensemble_log_probs`` (in beam_candidates.c), or None."""
-    return _function("beam_candidates", "ensemble_log_probs", [_ptr, _ptr, _i64, _i64, _i64, _ptr],
-                     ctypes.c_int)
+    return ENSEMBLE_LOG_PROBS.function()
 
 
 def can_run_ensemble_log_probs(logits) -> bool:
@@ -263,19 +332,14 @@ def ensemble_log_probs(logits) -> Tensor:
     out = logits[0].new_empty(rows, vocab)
     addresses = torch.tensor([x.data_ptr() for x in logits], dtype=torch.int64)
     strides = torch.tensor([x.stride(0) for x in logits], dtype=torch.int64)
-    ensemble_log_probs_function()(addresses.data_ptr(), strides.data_ptr(), len(logits), rows, vocab,
-                                  out.data_ptr())
+    ENSEMBLE_LOG_PROBS(logits=addresses.data_ptr(), strides=strides.data_ptr(), models=len(logits),
+                       rows=rows, vocab=vocab, out=out.data_ptr())
     return out
-
-
-_STEP_ATTENTION_ARGS = [_ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr, _i64, _i64, _i64, _ptr, _i64, _i64,
-                        _ptr, _ptr, _ptr, _i64, _i64, _i64, _f32, ctypes.c_int, _i64, _ptr, _f32,
-                        _f32, _ptr]
 
 
 def step_attention_function():
     """The C function ``step_attention``, or None."""
-    return _function("step_attention", "step_attention", _STEP_ATTENTION_ARGS, ctypes.c_int)
+    return STEP_ATTENTION.function()
 
 
 def step_attention(q: Tensor, scale: float, mode: int, k: int, out: Tensor,
@@ -308,12 +372,14 @@ def step_attention(q: Tensor, scale: float, mode: int, k: int, out: Tensor,
     if lineage is not None:
         keys, values, ancestors, length = lineage
         rows0, anc_stride = keys.size(1), ancestors.stride(0)
-    status = step_attention_function()(
-        q.data_ptr(), rows, heads, dim,
-        _address(src_keys), _address(keys_t), _address(src_values), *strides, _address(padding), src_len, group,
-        _address(keys), _address(values), _address(ancestors), anc_stride, rows0, length,
-        scale, mode, k, *((_address(local[0]), local[1], local[2]) if local else (None, 0.0, 1.0)),
-        out.data_ptr())
+    centres, window, gaussian = (_address(local[0]), local[1], local[2]) if local else (None, 0.0, 1.0)
+    status = STEP_ATTENTION(
+        q=q.data_ptr(), rows=rows, heads=heads, dim=dim, src_keys=_address(src_keys),
+        src_keys_t=_address(keys_t), src_values=_address(src_values), sentence_stride=strides[0],
+        head_stride=strides[1], src_position_stride=strides[2], src_padding=_address(padding),
+        src_len=src_len, group=group, keys=_address(keys), values=_address(values),
+        ancestors=_address(ancestors), anc_stride=anc_stride, rows0=rows0, length=length, scale=scale,
+        mode=mode, k=k, centres=centres, window=window, gaussian=gaussian, out=out.data_ptr())
     if status == 2:
         raise MemoryError("step_attention: could not allocate its scratch memory")
     if status != 0:
@@ -323,8 +389,7 @@ def step_attention(q: Tensor, scale: float, mode: int, k: int, out: Tensor,
 def step_attention_threads(rows: int, heads: int, dim: int, positions: int) -> int:
     """The threads ``step_attention`` splits such a step over (torch's
     intra-op threads where the step is large enough; 1 without OpenMP)."""
-    function = _function("step_attention", "step_attention_threads", [_i64] * 4, ctypes.c_int)
-    return function(rows, heads, dim, positions)
+    return STEP_ATTENTION_THREADS(rows=rows, heads=heads, dim=dim, positions=positions)
 
 
 SOURCE_BLOCK = 16  # step_attention.c's BLOCK
