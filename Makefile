@@ -17,8 +17,6 @@ $(STAMP): setup.py
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH_PIN)
 	$(PY) -m pip install -q -e .[test,plots]
-	# fairseq's own commands read fairseq checkpoints without --user-dir (fairseq_hardattn/startup_hook.py)
-	$(PY) -m fairseq_hardattn --install-startup-hook > /dev/null
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -1,19 +1,25 @@
 """fairseq-hardattn: efficient decoder attention as a fairseq user-dir plugin.
 
 Load with ``--user-dir "$(python -m fairseq_hardattn)"`` (or import the
-package). Importing registers the models, architectures and criterions and
-applies the few workarounds of fairseq behaviour in ``fairseq_compat``
-(checkpoints on torch >= 2.6, the last batch of a data set, one-line errors,
-checked ``--model-overrides``, quieter library warnings).
+package). Importing registers the models, architectures, criterions and the
+BPE, and lets torch read fairseq checkpoints; it replaces no function of
+argparse, sys or fairseq. A fairseq command run with the plugin gets the
+workarounds of fairseq behaviour in ``compat`` (checkpoints and overrides,
+the last batch of a data set, one-line errors, signals, quieter warnings).
+``from_pretrained`` is the hub with the plugin's checks.
 """
 
-from . import fairseq_compat
+from . import compat
 from .errors import ConfigError
-from . import bpe, criterions, decoding, models  # noqa: F401
 
-fairseq_compat.install()  # before anything loads a checkpoint
+compat.install()  # before anything loads a checkpoint
+if compat.running_a_fairseq_command():
+    compat.install_for_command_line()
 
-__all__ = ["ConfigError", "USER_DIR", "registered_architectures"]
+from . import bpe, criterions, decoding, models  # noqa: E402,F401
+from .compat.hub import from_pretrained  # noqa: E402
+
+__all__ = ["ConfigError", "USER_DIR", "from_pretrained", "registered_architectures"]
 
 # the value of fairseq's --user-dir (and the hub's user_dir=) for this plugin
 USER_DIR = __path__[0]

@@ -5,7 +5,7 @@ while building a model or loading a checkpoint. For the mistakes a user makes
 (an unknown attention kind, contradictory options, a checkpoint of another
 family) a traceback from deep inside fairseq hides the one line that matters,
 so the plugin's exception hook (``report_error``, installed by
-``fairseq_compat``) prints only that line: for ``ConfigError`` and for
+``compat`` in a fairseq command) prints only that line: for ``ConfigError`` and for
 fairseq's and torch's errors about a user's input (``one_line``).
 """
 
@@ -143,7 +143,7 @@ def _debugging():
 
 
 def report_error(exc_type, exc, tb, _previous=sys.excepthook):
-    """``sys.excepthook`` (installed by ``fairseq_compat``): ``ConfigError``s
+    """``sys.excepthook`` (installed by ``compat`` in a fairseq command): ``ConfigError``s
     and known input errors in one line (``LOGLEVEL=DEBUG`` adds the
     traceback), anything else as Python reports it."""
     line = one_line(exc)

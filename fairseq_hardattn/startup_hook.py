@@ -2,13 +2,14 @@
 ``--user-dir``: torch >= 2.6 reads checkpoints with ``weights_only=True``,
 which refuses the ``argparse.Namespace`` and numpy scalars that fairseq
 checkpoints hold, so a plain ``fairseq-train --arch transformer`` could not
-be decoded by ``fairseq-generate`` (``UnpicklingError``). ``make venv``
-installs a ``.pth`` file (``python -m fairseq_hardattn --install-startup-hook``) that
-loads this module at interpreter start, without the plugin; it imports
-nothing until fairseq's ``checkpoint_utils`` is imported, then:
+be decoded by ``fairseq-generate`` (``UnpicklingError``). On request
+(``python -m fairseq_hardattn --install-startup-hook``: nothing installs it
+otherwise) a ``.pth`` file in the environment's site-packages loads this
+module at interpreter start, without the plugin; it imports nothing until
+fairseq's ``checkpoint_utils`` is imported, then:
 
 - allows exactly those types to ``torch.load`` (the plugin does the same
-  when it is loaded, ``fairseq_compat``);
+  when it is loaded, ``compat.checkpoints``);
 - stops, in one line saying to add ``--user-dir``, where a checkpoint of this
   plugin is loaded without it (fairseq would say ``Requested model type``).
 

@@ -41,17 +41,15 @@ def main():
     p.add_argument("--int8", action="store_true", help="int8 Linear layers (--int8-decoding)")
     args = p.parse_args()
 
-    from fairseq.models.transformer import TransformerModel
-
     import fairseq_hardattn
     from fairseq_hardattn.decoding import workers
     from fairseq_hardattn.decoding.workers import rows_of
 
     torch.set_num_threads(1)
     workers.CHUNK_SENTENCES = sys.maxsize  # whole batches: the search's own chunks off
-    hub = TransformerModel.from_pretrained(
+    hub = fairseq_hardattn.from_pretrained(
         os.path.dirname(os.path.abspath(args.path)), os.path.basename(args.path), data_name_or_path=args.data,
-        user_dir=fairseq_hardattn.USER_DIR, source_lang=args.source_lang, target_lang=args.target_lang,
+        source_lang=args.source_lang, target_lang=args.target_lang,
         decoding_workers=1, int8_decoding=args.int8)
     logging.getLogger("fairseq").setLevel(logging.WARNING)
     task, models = hub.task, list(hub.models)

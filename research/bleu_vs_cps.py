@@ -25,7 +25,7 @@ logging.getLogger("fairseq").setLevel(logging.WARNING)
 import torch  # noqa: E402
 from fairseq import checkpoint_utils  # noqa: E402
 
-from fairseq_hardattn import ConfigError  # noqa: E402
+from fairseq_hardattn import ConfigError, compat  # noqa: E402
 from fairseq_hardattn.tools import fixtures, timing  # noqa: E402
 from fairseq_hardattn.tools.plotting import pyplot, save_line_plot  # noqa: E402
 from fairseq_hardattn.tools.reporting import write_outputs  # noqa: E402
@@ -90,8 +90,9 @@ def main(argv=None):
 def measure(parser, task, batches, label, checkpoint, threshold, args):
     """Decode the test set with one checkpoint at one τ: its CPS and BLEU."""
     try:
-        models, _ = checkpoint_utils.load_model_ensemble(
-            [checkpoint], arg_overrides={"flexible_threshold": threshold}, task=task)
+        with compat.loading():
+            models, _ = checkpoint_utils.load_model_ensemble(
+                [checkpoint], arg_overrides={"flexible_threshold": threshold}, task=task)
     except ConfigError as error:  # e.g. the threshold does not apply to its family
         parser.error(f"{checkpoint} has no flexible attention ({error})")
     model = models[0]

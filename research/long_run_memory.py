@@ -98,12 +98,10 @@ def live_mb():
 
 
 def hub(args, lines):
-    from fairseq.models.transformer import TransformerModel
-
     import fairseq_hardattn
 
-    model = TransformerModel.from_pretrained(os.path.dirname(args.path), os.path.basename(args.path),
-                                             data_name_or_path=args.data, user_dir=fairseq_hardattn.USER_DIR,
+    model = fairseq_hardattn.from_pretrained(os.path.dirname(args.path), os.path.basename(args.path),
+                                             data_name_or_path=args.data,
                                              source_lang=args.source_lang, target_lang=args.target_lang)
     logging.getLogger("fairseq").setLevel(logging.WARNING)  # not a line per translate call
     samples, live, done = {}, {}, 0

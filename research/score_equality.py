@@ -45,14 +45,12 @@ def main():
     p.add_argument("--kinds", choices=["soft", "hard"], help="decode both decoder attention kinds so")
     args = p.parse_args()
 
-    from fairseq.models.transformer import TransformerModel
-
     import fairseq_hardattn
 
     kinds = {f"dec_{side}_attn_kind": args.kinds for side in ("self", "cross")} if args.kinds else {}
-    hub = TransformerModel.from_pretrained(
+    hub = fairseq_hardattn.from_pretrained(
         os.path.dirname(os.path.abspath(args.path)), os.path.basename(args.path), data_name_or_path=args.data,
-        user_dir=fairseq_hardattn.USER_DIR, source_lang=args.source_lang, target_lang=args.target_lang,
+        source_lang=args.source_lang, target_lang=args.target_lang,
         decoding_workers=1, **kinds)
     logging.getLogger("fairseq").setLevel(logging.WARNING)
     task, models = hub.task, list(hub.models)

@@ -98,8 +98,11 @@ def main(argv=None):
     plt = pyplot()
 
     task = setup_translation_task(args.data)
-    models, _ = checkpoint_utils.load_model_ensemble(
-        [args.checkpoint], arg_overrides=eval(args.model_overrides), task=task)
+    from fairseq_hardattn.compat import loading
+
+    with loading():
+        models, _ = checkpoint_utils.load_model_ensemble(
+            [args.checkpoint], arg_overrides=eval(args.model_overrides), task=task)
     model = models[0].eval()
     task.load_dataset(args.subset)
     dataset = task.dataset(args.subset)

@@ -315,13 +315,17 @@ def generate(data, checkpoint, *extra, check=True):
 
 def load_with_overrides(checkpoint, overrides):
     """As fairseq-generate loads it: the task comes from the command line, not
-    from the checkpoint (an ``_name`` override renames every config group)."""
+    from the checkpoint (an ``_name`` override renames every config group);
+    the plugin's checks on (``compat.loading``)."""
     from fairseq import checkpoint_utils, tasks
 
-    task = tasks.setup_task(checkpoint_utils.load_checkpoint_to_cpu(str(checkpoint))["cfg"].task)
-    models, _ = checkpoint_utils.load_model_ensemble(
-        [str(checkpoint)], arg_overrides=overrides, task=task
-    )
+    from fairseq_hardattn import compat
+
+    with compat.loading():  # the checks of fairseq-generate's loading
+        task = tasks.setup_task(checkpoint_utils.load_checkpoint_to_cpu(str(checkpoint))["cfg"].task)
+        models, _ = checkpoint_utils.load_model_ensemble(
+            [str(checkpoint)], arg_overrides=overrides, task=task
+        )
     return models[0]
 
 

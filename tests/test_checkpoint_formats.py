@@ -11,6 +11,7 @@ import torch
 from fairseq import options
 from fairseq.models.transformer import TransformerModel
 
+import fairseq_hardattn
 from fairseq_hardattn import ConfigError
 from torch.ao.nn.quantized.dynamic import Linear as Int8Linear
 from fairseq_hardattn.models.attention_kind_base import AttentionKindTransformerModel
@@ -86,25 +87,28 @@ def test_hard_overrides_and_int8_through_the_cli_and_the_hub_on_the_older_format
             for fmt, path in (("args", older), ("cfg", today))}
     assert output_lines(runs["args"]) == output_lines(runs["cfg"])
     assert output_lines(runs["args"]) != output_lines(generate(reorder_data, older).stdout)
-    hub = TransformerModel.from_pretrained(str(older.parent), checkpoint_file=older.name,
+    hub = fairseq_hardattn.from_pretrained(str(older.parent), checkpoint_file=older.name,
                                            data_name_or_path=str(reorder_data), user_dir=USER_DIR,
                                            int8_decoding=True)
     assert isinstance(hub.models[0].decoder.output_projection, Int8Linear)
     assert hub.translate("s1 s2 s3", beam=2)
 
 
-def fairseq_env():
+def fairseq_env(tmp_path):
     """A process of this environment that never loads the plugin (no
-    --user-dir): what the startup hook ``make venv`` installs is all it has."""
+    --user-dir), with the startup hook installed as ``python -m
+    fairseq_hardattn --install-startup-hook`` installs it (a ``.pth`` file in a
+    site directory, read at interpreter start): all it has of the plugin."""
     from conftest import tool_env
+    from fairseq_hardattn import startup_hook
 
-    return tool_env()
+    site = tmp_path / "site"
+    site.mkdir()
+    startup_hook.install(str(site))
+    (tmp_path / "sitecustomize.py").write_text(f"import site\nsite.addsitedir({str(site)!r})\n")
+    return tool_env(PYTHONPATH=str(tmp_path))
 
 
-@pytest.mark.skipif(not __import__("os").path.exists(
-    __import__("os").path.join(__import__("sysconfig").get_paths()["purelib"],
-                               "fairseq_hardattn_startup.pth")),
-    reason="the startup hook is not installed in this environment (make venv installs it)")
 def test_fairseqs_own_commands_read_fairseq_checkpoints_without_the_plugin(both_formats, reorder_data,
                                                                           tmp_path):
     """A plain fairseq transformer (both formats) through fairseq-generate,
@@ -115,13 +119,13 @@ def test_fairseqs_own_commands_read_fairseq_checkpoints_without_the_plugin(both_
 
     from conftest import BIN_DIR, MAX_LEN_B
 
-    env = fairseq_env()
+    env = fairseq_env(tmp_path)
     run = lambda tool, *args, **kw: subprocess.run([str(BIN_DIR / tool), *map(str, args)], env=env,
                                                    capture_output=True, text=True, timeout=600, **kw)
     for fmt, path in both_formats["soft"].items():
         proc = run("fairseq-generate", reorder_data, "--path", path, "--cpu", "--beam", 2,
                    "--max-len-b", MAX_LEN_B)
-        # (16 of the 20: without the plugin, fairseq drops a last batch of 4, fairseq_compat)
+        # (16 of the 20: without the plugin, fairseq drops a last batch of 4, compat.batches)
         assert proc.returncode == 0 and len(re.findall(r"^H-", proc.stdout, re.M)) >= 16, \
             (fmt, proc.stderr[-1500:])
         proc = run("fairseq-interactive", reorder_data, "--path", path, "--cpu", "--beam", 2,

@@ -50,7 +50,7 @@ def decode_as_fairseq_generate(generator, samples):
     """fairseq-generate's loop: a CountingIterator, one batch per call."""
     found = []
     with torch.no_grad():
-        for sample in iterators.CountingIterator(samples):
+        for sample in read_ahead.LookaheadCountingIterator(samples):
             found.append(generator.generate(generator.model.models, sample, prefix_tokens=None,
                                             constraints=None))
     return found
@@ -71,7 +71,7 @@ def test_decoding_workers_takes_auto_or_a_count():
 
 def test_a_counting_iterator_reads_ahead_and_still_yields_every_batch_once_in_order():
     items = [{"net_input": {"src_tokens": torch.tensor([i])}} for i in range(6)]
-    iterator = iterators.CountingIterator(items)
+    iterator = read_ahead.LookaheadCountingIterator(items)
     first = next(iterator)
     assert read_ahead.batches_after(first, 2) == items[1:3]
     assert read_ahead.batches_after(items[4], 2) == []  # not the batch it yielded last
@@ -140,7 +140,7 @@ def test_the_objects_are_frozen_while_batches_are_out_and_in_the_workers(monkeyp
         generator = PluginBeamSearch([model], d, beam_size=2, max_len_b=6)
         found, frozen_here_after = [], []
         with torch.no_grad():
-            for sample in iterators.CountingIterator(samples):
+            for sample in read_ahead.LookaheadCountingIterator(samples):
                 found += [h for sentence in generator.generate([model], sample) for h in sentence]
                 frozen_here_after.append(gc.get_freeze_count() > 1000)
         assert all(h["frozen"] > 1000 and h["pid"] != os.getpid() for h in found)
@@ -157,7 +157,7 @@ def test_one_batch_a_prefix_or_an_unprepared_model_decodes_here():
     generator = PluginBeamSearch([model], d, beam_size=2, max_len_b=6)
     with torch.no_grad():
         generator.generate([model], samples[0])  # not from a lookahead source
-        for sample in iterators.CountingIterator(samples):  # a prefix: every call as it is
+        for sample in read_ahead.LookaheadCountingIterator(samples):  # a prefix: every call as it is
             generator.generate([model], sample, prefix_tokens=torch.full((3, 1), 5))
         decode_as_fairseq_generate(generator, samples[:1])  # the only batch
     assert generator.__dict__.get("_pool") is None
@@ -178,7 +178,7 @@ def test_a_workers_error_reaches_the_caller(monkeypatch):
 
     monkeypatch.setattr(PluginBeamSearch, "serial_generate", failing)
     generator = PluginBeamSearch([model], d, beam_size=2, max_len_b=6)
-    iterator = iterators.CountingIterator(samples)
+    iterator = read_ahead.LookaheadCountingIterator(samples)
     with torch.no_grad():
         for _ in range(2):
             sample = next(iterator)
@@ -198,7 +198,7 @@ def test_a_dead_worker_is_replaced_by_this_process_with_one_warning(caplog):
     generator = PluginBeamSearch([model], d, beam_size=2, max_len_b=6)
     found = []
     with torch.no_grad():
-        for i, sample in enumerate(iterators.CountingIterator(samples)):
+        for i, sample in enumerate(read_ahead.LookaheadCountingIterator(samples)):
             found.append(generator.generate([model], sample))
             if i == 0:
                 for process in generator._pool.processes:
@@ -312,8 +312,10 @@ args = options.parse_args_and_arch(options.get_generation_parser(), [
 cfg = convert_namespace_to_omegaconf(args)
 task = tasks.setup_task(cfg.task)
 task.load_dataset("test")
-models, _ = checkpoint_utils.load_model_ensemble(
-    [{str(soft)!r}], arg_overrides={{"decoding_engine": "auto", "decoding_workers": 1}}, task=task)
+from fairseq_hardattn import compat
+with compat.loading():  # as fairseq-generate with the plugin: a fairseq transformer decodes as the plugin's
+    models, _ = checkpoint_utils.load_model_ensemble(
+        [{str(soft)!r}], arg_overrides={{"decoding_engine": "auto", "decoding_workers": 1}}, task=task)
 for model in models:  # as fairseq-generate
     model.prepare_for_inference_(cfg)
 generator = task.build_generator(models, cfg.generation)

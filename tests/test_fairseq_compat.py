@@ -1,5 +1,6 @@
-"""Pins for each fairseq behaviour ``fairseq_hardattn.fairseq_compat`` works
-around, and the TensorBoard logging a fairseq user expects."""
+"""Pins for each fairseq behaviour ``fairseq_hardattn.compat`` works
+around, where each applies (a fairseq command, ``compat.loading``, never a
+plain import), and the TensorBoard logging a fairseq user expects."""
 
 import re
 import struct
@@ -8,25 +9,83 @@ import sys
 import warnings
 
 import torch
-from fairseq import checkpoint_utils
+from fairseq import checkpoint_utils, ngram_repeat_block
 from fairseq.sequence_generator import SequenceGenerator
 
-from fairseq_hardattn import fairseq_compat
+from fairseq_hardattn import compat
+from fairseq_hardattn.compat import command_line, generation
 
-from conftest import REPO, decisive_model, make_dictionary, random_batch, run_cli, tool_env, train
+from conftest import REPO, USER_DIR, decisive_model, make_dictionary, random_batch, run_cli, tool_env, train
+
+# a plain Python process: what fairseq and the standard library hold before
+# and after the plugin is imported and translates through the hub
+UNCHANGED_BY_IMPORT = """
+import argparse, importlib, inspect, pkgutil, sys, warnings
+import fairseq, fairseq_cli.interactive, fairseq_cli.generate
+from fairseq import hub_utils
+import torch.fx.experimental.symbolic_shapes  # torch's first forward imports it, and SymPy adds a warning filter
+
+def functions():
+    found = {("sys", "excepthook"): sys.excepthook, ("warnings", "filters"): tuple(warnings.filters)}
+    for name, value in vars(argparse.ArgumentParser).items():
+        found[("argparse.ArgumentParser", name)] = value
+    for module_name, module in list(sys.modules.items()):
+        if not module_name.startswith(("fairseq.", "fairseq_cli.")) or module is None:
+            continue
+        for name, value in list(vars(module).items()):
+            if inspect.isfunction(value):
+                found[(module_name, name)] = value
+            elif inspect.isclass(value) and value.__module__ == module_name:
+                for attribute, member in vars(value).items():
+                    if inspect.isfunction(member):
+                        found[(module_name + "." + name, attribute)] = member
+    return found
+
+before = functions()
+import fairseq_hardattn
+hub = fairseq_hardattn.from_pretrained(@directory@, checkpoint_file=@name@, data_name_or_path=@data@)
+assert hub.translate("s1 s2", beam=2)
+from fairseq.models.transformer import TransformerModel
+fairseqs = TransformerModel.from_pretrained(@directory@, checkpoint_file=@name@, data_name_or_path=@data@,
+                                            user_dir=@user_dir@)
+assert fairseqs.translate(["s1 s2"], beam=2)
+after = functions()
+changed = sorted(key for key in before
+                 if (after.get(key) != before[key] if key == ("warnings", "filters") else after.get(key) is not before[key]))
+print("changed:", changed)
+"""
 
 
-def test_install_wraps_fairseqs_checkpoint_loading_once():
-    for name in ("load_checkpoint_to_cpu", "overwrite_args_by_name"):
-        assert getattr(getattr(checkpoint_utils, name), "_fairseq_hardattn", False), name
-    wrapped = checkpoint_utils.load_checkpoint_to_cpu
-    fairseq_compat.install()
-    assert checkpoint_utils.load_checkpoint_to_cpu is wrapped  # not wrapped twice
+def test_importing_the_plugin_and_translating_through_the_hub_change_no_function_of_fairseq(
+        trained_checkpoints, reorder_data):
+    """A notebook, a server: argparse's parser, sys.excepthook, the warning
+    filters and every function and method of fairseq's modules are what they
+    were, after the plugin's hub and fairseq's own hub translated."""
+    hard = trained_checkpoints["hard"]
+    code = UNCHANGED_BY_IMPORT
+    for key, value in dict(directory=str(hard.parent), name=hard.name, data=str(reorder_data),
+                           user_dir=USER_DIR).items():
+        code = code.replace(f"@{key}@", repr(value))
+    proc = subprocess.run([sys.executable, "-c", code], env=tool_env(), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines()[-1] == "changed: []", proc.stdout[-2000:]
+
+
+def test_loading_checks_checkpoints_within_and_leaves_fairseqs_functions_after():
+    originals = (checkpoint_utils.load_checkpoint_to_cpu, checkpoint_utils.overwrite_args_by_name)
+    with compat.loading():
+        inside = (checkpoint_utils.load_checkpoint_to_cpu, checkpoint_utils.overwrite_args_by_name)
+        assert all(getattr(f, "_fairseq_hardattn", False) for f in inside)
+        with compat.loading():  # nested: the same checks, not wrapped twice
+            assert (checkpoint_utils.load_checkpoint_to_cpu, checkpoint_utils.overwrite_args_by_name) == inside
+        assert (checkpoint_utils.load_checkpoint_to_cpu, checkpoint_utils.overwrite_args_by_name) == inside
+    assert (checkpoint_utils.load_checkpoint_to_cpu, checkpoint_utils.overwrite_args_by_name) == originals
 
 
 def test_fairseqs_library_noise_is_filtered_and_real_warnings_are_not():
-    fairseq_compat.install()
     with warnings.catch_warnings(record=True) as caught:
+        command_line.quiet_fairseq_noise()
         warnings.warn("hydra.experimental.initialize() is no longer experimental. "
                       "Use hydra.initialize()", UserWarning)
         warnings.warn("'pin_memory' argument is set as true but no accelerator is found, "
@@ -37,7 +96,7 @@ def test_fairseqs_library_noise_is_filtered_and_real_warnings_are_not():
 
 def test_the_cli_prints_no_library_noise(reorder_data, tmp_path):
     proc = train(reorder_data, tmp_path, "transformer_hard_dec", updates=1)
-    for _, pattern in fairseq_compat.FAIRSEQ_NOISE:
+    for _, pattern in command_line.FAIRSEQ_NOISE:
         assert not re.search(pattern, proc.stderr, flags=re.M), pattern
     assert "Please install tensorboardX" not in proc.stderr + proc.stdout
     assert "DEBUG:hydra" not in proc.stderr
@@ -107,11 +166,13 @@ def test_quickstart_and_the_readmes_python_example(reorder_data, tmp_path):
     assert re.search(r" \[\(\d+, 0\), \(\d+, 1\)", aligned), aligned  # (source, target) pairs
 
 
-def test_no_repeat_ngram_size_bans_repeated_ngrams():
+def test_no_repeat_ngram_size_bans_repeated_ngrams(monkeypatch):
     """fairseq's Python n-gram blocker compared padding with the hypothesis and
-    banned nothing (fairseq issue 5206): with the plugin, no hypothesis repeats
-    a bigram under ``no_repeat_ngram_size=2``, and the option changes the output
-    of a model that repeats itself without it."""
+    banned nothing (fairseq issue 5206): as a fairseq command with the plugin
+    runs it, no hypothesis repeats a bigram under ``no_repeat_ngram_size=2``,
+    and the option changes the output of a model that repeats itself without it."""
+    blocker = ngram_repeat_block.NGramRepeatBlock
+    monkeypatch.setattr(blocker, "_no_repeat_ngram", generation.generated_tokens_only(blocker._no_repeat_ngram))
     d = make_dictionary()
     model = decisive_model("transformer_hard_dec", d)  # one token dominates: repetitions
     src, lengths, _ = random_batch(d, [9, 7, 6, 4, 3], seed=2)

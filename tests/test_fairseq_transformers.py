@@ -17,7 +17,8 @@ from fairseq.models import ARCH_MODEL_REGISTRY
 from fairseq.models.transformer import TransformerModel
 from fairseq.sequence_generator import SequenceGenerator
 
-from fairseq_hardattn import fairseq_compat
+import fairseq_hardattn
+from fairseq_hardattn.compat import checkpoints
 from fairseq_hardattn.decoding import PluginBeamSearch, generator_class
 
 from conftest import assert_same_hypotheses, generate, make_dictionary, random_batch
@@ -68,7 +69,7 @@ def fairseq_and_plugin_models(flags):
     with torch.no_grad():
         theirs.decoder.output_projection.weight.mul_(20)
     cfg = {"model": ours_args}
-    ours_args._name = fairseq_compat.plugin_architecture_for(cfg, {})
+    ours_args._name = checkpoints.plugin_architecture_for(cfg, {})
     ours = ARCH_MODEL_REGISTRY[ours_args._name].build_model(ours_args, task).eval()
     ours.load_state_dict(theirs.state_dict())
     return theirs, ours, source, target
@@ -90,7 +91,7 @@ def test_fairseqs_own_cross_self_attention_keeps_fairseqs_model_with_one_line(ca
     args = options.parse_args_and_arch(options.get_training_parser(),
                                        ["data", *TINY, "--arch", "transformer", "--cross-self-attention"])
     with caplog.at_level(logging.INFO):
-        assert fairseq_compat.plugin_architecture_for({"model": args}, {}) is None
+        assert checkpoints.plugin_architecture_for({"model": args}, {}) is None
     assert any("--cross-self-attention (fairseq's own), which the plugin's engine lacks" in r.message
                for r in caplog.records)
 
@@ -100,7 +101,7 @@ def test_transformer_align_keeps_fairseqs_model_with_one_line(caplog):
     model and generator, said in one line."""
     args = options.parse_args_and_arch(options.get_training_parser(), ["data", *TINY, "--arch", "transformer_align"])
     with caplog.at_level(logging.INFO):
-        assert fairseq_compat.plugin_architecture_for({"model": args}, {}) is None
+        assert checkpoints.plugin_architecture_for({"model": args}, {}) is None
     assert [r.message for r in caplog.records if "engine does not build" in r.message] == [
         "the checkpoint is fairseq's transformer_align, which the plugin's engine does not build (what it "
         "adds to the transformer): decoding with fairseq's model and generator"]
@@ -124,7 +125,7 @@ def test_an_ensemble_decodes_with_the_engine_through_generate(trained_checkpoint
     ensemble = f"{trained_checkpoints['soft']}:{trained_checkpoints['hard']}"
     proc = generate(reorder_data, ensemble)
     assert "does not run" not in proc.stderr and len(re.findall(r"^H-", proc.stdout, re.M)) == 20
-    hub = TransformerModel.from_pretrained(
+    hub = fairseq_hardattn.from_pretrained(
         str(trained_checkpoints["soft"].parent.parent), data_name_or_path=str(reorder_data), user_dir=USER_DIR,
         checkpoint_file=f"soft/checkpoint_last.pt:hard/checkpoint_last.pt")
     assert len(hub.models) == 2

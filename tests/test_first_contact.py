@@ -9,7 +9,6 @@ import sys
 
 import pytest
 import torch
-from fairseq.models.transformer import TransformerModel
 
 import fairseq_hardattn
 from fairseq_hardattn import ConfigError
@@ -41,7 +40,7 @@ def test_plugin_overrides_apply_to_a_fairseq_transformer_checkpoint(trained_chec
     as_soft = generate(reorder_data, soft).stdout
     as_hard = generate(reorder_data, soft, "--model-overrides", HARD_KINDS).stdout
     assert hypotheses(as_hard) and re.findall(r"^H-.*", as_soft, re.M) != re.findall(r"^H-.*", as_hard, re.M)
-    hub = TransformerModel.from_pretrained(str(soft.parent), checkpoint_file=soft.name,
+    hub = fairseq_hardattn.from_pretrained(str(soft.parent), checkpoint_file=soft.name,
                                            data_name_or_path=str(reorder_data), user_dir=USER_DIR,
                                            dec_self_attn_kind="hard", dec_cross_attn_kind="hard")
     assert any(isinstance(m, HardRetrievalAttention) for m in hub.models[0].modules())
@@ -73,7 +72,6 @@ def test_malformed_model_overrides(trained_checkpoints, reorder_data, overrides,
 HUB_SCRIPT = """
 import sys
 import torch
-from fairseq.models.transformer import TransformerModel
 # a plain fairseq checkpoint: nothing but argparse.Namespace needs allowing
 torch.serialization.add_safe_globals([__import__("argparse").Namespace])
 state = torch.load(sys.argv[1], weights_only=True)
@@ -106,10 +104,10 @@ def test_paths_that_are_not_there(trained_checkpoints, reorder_data, tmp_path):
                            *TRAIN_FLAGS, *TINY_DIM_FLAGS, "--save-dir", tmp_path, check=False),
                    "no such file or directory")
     with pytest.raises(ConfigError, match="from_pretrained: no model directory 'nope'"):
-        TransformerModel.from_pretrained("nope", checkpoint_file="checkpoint_last.pt",
+        fairseq_hardattn.from_pretrained("nope", checkpoint_file="checkpoint_last.pt",
                                          user_dir=fairseq_hardattn.USER_DIR)
     with pytest.raises(ConfigError, match=r"no checkpoint_file 'model.pt' in .* checkpoint_last.pt"):
-        TransformerModel.from_pretrained(str(hard.parent), data_name_or_path=str(reorder_data),
+        fairseq_hardattn.from_pretrained(str(hard.parent), data_name_or_path=str(reorder_data),
                                          user_dir=fairseq_hardattn.USER_DIR)
 
 
@@ -135,10 +133,10 @@ def test_path_options_under_a_file_are_one_line(trained_checkpoints, reorder_dat
                    f"the data directory {a_file}: {a_file} is a file, not a directory")
     one_error_line(generate(reorder_data, a_file / "x.pt", check=False), f"no checkpoint at {a_file / 'x.pt'}")
     with pytest.raises(ConfigError, match="from_pretrained: data_name_or_path .* is a file, not a data directory"):
-        TransformerModel.from_pretrained(str(hard.parent), checkpoint_file=hard.name,
+        fairseq_hardattn.from_pretrained(str(hard.parent), checkpoint_file=hard.name,
                                          data_name_or_path=str(a_file), user_dir=USER_DIR)
     with pytest.raises(ConfigError, match="from_pretrained: no data directory"):
-        TransformerModel.from_pretrained(str(hard.parent), checkpoint_file=hard.name,
+        fairseq_hardattn.from_pretrained(str(hard.parent), checkpoint_file=hard.name,
                                          data_name_or_path=str(tmp_path / "none"), user_dir=USER_DIR)
 
 
@@ -151,7 +149,7 @@ def test_path_options_under_a_file_are_one_line(trained_checkpoints, reorder_dat
 def test_the_hub_takes_a_str_or_a_list_of_str_and_names_anything_else(trained_checkpoints, reorder_data,
                                                                       sentences, expected):
     hard = trained_checkpoints["hard"]
-    hub = TransformerModel.from_pretrained(str(hard.parent), checkpoint_file=hard.name,
+    hub = fairseq_hardattn.from_pretrained(str(hard.parent), checkpoint_file=hard.name,
                                            data_name_or_path=str(reorder_data), user_dir=USER_DIR)
     with pytest.raises(TypeError, match=expected):
         hub.translate(sentences, beam=2, max_len_b=MAX_LEN_B)

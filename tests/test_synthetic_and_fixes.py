@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 import torch
-from fairseq.data import data_utils
 
-import fairseq_hardattn  # noqa: F401  (installs the fixes)
+import fairseq_hardattn  # noqa: F401  (torch >= 2.6 reads fairseq checkpoints)
+from fairseq_hardattn.compat.batches import batch_by_size
 from fairseq_hardattn.tools import synthetic
 
 
@@ -40,7 +40,7 @@ def test_synthetic_rejects_bad_arguments():
 def test_batching_keeps_every_sentence(count, max_sentences):
     indices = np.arange(count, dtype=np.int64)
     for vec in (None, np.full(count, 10, dtype=np.int64)):
-        batches = data_utils.batch_by_size(
+        batches = batch_by_size(
             indices, lambda i: 10, num_tokens_vec=vec, max_sentences=max_sentences,
             required_batch_size_multiple=8,
         )

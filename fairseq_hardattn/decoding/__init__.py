@@ -21,8 +21,9 @@ import) runs a decoder's fixed-shape step and prepares a model for decoding.
 
 import logging
 
+from ..errors import ConfigError
 from ..modules import decoding_step
-from . import engines, fixed_shape_step
+from . import engines, fixed_shape_step, read_ahead
 from .beam_search import PluginBeamSearch, PluginBeamSearchWithAlignment, fallback_reason
 from .int8 import check_int8_decoding, quantize_for_decoding
 from .workers import import_what_the_first_batch_imports
@@ -69,6 +70,34 @@ def generator_class(models, args, extra_gen_cls_kwargs=None, prefix_allowed_toke
     return PluginBeamSearch, extra
 
 
+def attach_to_task(task):
+    """The task that built a model of the plugin decodes with the engine: its
+    ``build_generator`` (through which fairseq-generate, fairseq-interactive,
+    ``--eval-bleu`` and the hub get their generator) builds the plugin's
+    search where ``generator_class`` chooses it, and its batch iterators read
+    ahead (``read_ahead``). This task object only: fairseq's classes are
+    unchanged."""
+    build_generator = getattr(task, "build_generator", None)
+    if build_generator is None or getattr(task, "_fairseq_hardattn_engine", False):
+        return  # not a fairseq task, or attached already
+    task._fairseq_hardattn_engine = True
+
+    def build(models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, prefix_allowed_tokens_fn=None):
+        beam = getattr(args, "beam", 1)
+        if beam < 1:  # fairseq fails mid-search ("cannot reshape tensor of 0 elements")
+            raise ConfigError(f"--beam must be >= 1, got {beam}")
+        if seq_gen_cls is None:
+            chosen = generator_class(models, args, extra_gen_cls_kwargs, prefix_allowed_tokens_fn)
+            if chosen is not None:
+                seq_gen_cls, extra_gen_cls_kwargs = chosen
+        return build_generator(models, args, seq_gen_cls=seq_gen_cls,
+                               extra_gen_cls_kwargs=extra_gen_cls_kwargs,
+                               prefix_allowed_tokens_fn=prefix_allowed_tokens_fn)
+
+    task.build_generator = build
+    read_ahead.attach(task)
+
+
 class Engine:
     """What the engine does for a model of the plugin (``decoding_step.StepEngine``)."""
 
@@ -81,6 +110,10 @@ class Engine:
 
     def reordered(self, incremental_state, new_order):
         fixed_shape_step.reordered(incremental_state, new_order)
+
+    def model_built(self, model, task):
+        if task is not None:
+            attach_to_task(task)
 
     def prepare_for_inference(self, model, cfg):
         """int8 Linear layers where the model's options ask for them
@@ -95,5 +128,5 @@ class Engine:
 ENGINE = Engine()
 decoding_step.set_step_engine(ENGINE)
 
-__all__ = ["ENGINE", "PluginBeamSearch", "PluginBeamSearchWithAlignment", "fallback_reason",
-           "generator_class", "wants_plugin_search"]
+__all__ = ["ENGINE", "PluginBeamSearch", "PluginBeamSearchWithAlignment", "attach_to_task",
+           "fallback_reason", "generator_class", "wants_plugin_search"]

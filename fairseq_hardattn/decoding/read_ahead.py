@@ -4,18 +4,22 @@ hand the batches after the one it was asked for to worker processes
 
 fairseq-generate, the hub and ``--eval-bleu`` iterate a ``CountingIterator``
 and hand the generator one batch at a time; fairseq-interactive iterates its
-``make_batches``. Both can read ahead on request (``take_ahead``) and note,
+``make_batches``. Both can read ahead on request (``take_ahead``: the
+iterators of a task the engine attached to, ``attach``; fairseq-interactive's
+batches, ``InteractiveBatches``, in a command run with the plugin) and note,
 per thread, the batch they yielded last (``note_yielded``), so that the
 search finds the batches after its own (``batches_after``). What they yield,
 and its order, is unchanged.
 """
 
 import collections
+import functools
 import threading
 import weakref
 from typing import Dict, List
 
 import torch
+from fairseq.data import iterators
 
 _last = threading.local()
 
@@ -48,11 +52,11 @@ def batches_after(sample, n: int) -> List[Dict]:
     return source.take_ahead(n)
 
 
-def counting_iterator_lookahead(iterator_class):
-    """Give fairseq's ``CountingIterator`` a read-ahead buffer: ``take_ahead``
-    pulls batches now, ``__next__`` yields them in order later (and notes
-    each batch it yields)."""
-    original_next = iterator_class.__next__
+class LookaheadCountingIterator(iterators.CountingIterator):
+    """fairseq's ``CountingIterator`` with a read-ahead buffer: ``take_ahead``
+    pulls batches now, ``__next__`` yields them in order later (and notes each
+    batch it yields). An iterator of a task the engine attached to becomes
+    one (``attach``); fairseq's class is unchanged."""
 
     def __next__(self):
         ahead = self.__dict__.get("_ahead")
@@ -62,7 +66,7 @@ def counting_iterator_lookahead(iterator_class):
             batch = ahead.popleft()
             self.n += 1
         else:
-            batch = original_next(self)
+            batch = super().__next__()
         note_yielded(self, batch)
         return batch
 
@@ -75,8 +79,32 @@ def counting_iterator_lookahead(iterator_class):
                 break
         return [batch for batch in list(ahead)[:n] if isinstance(batch, dict) and "net_input" in batch]
 
-    iterator_class.__next__ = __next__
-    iterator_class.take_ahead = take_ahead
+
+def attach(task):
+    """``task``'s batch iterators read ahead: the epochs its
+    ``get_batch_iterator`` gives yield ``LookaheadCountingIterator``s (this
+    task object only)."""
+    get_batch_iterator = getattr(task, "get_batch_iterator", None)
+    if get_batch_iterator is None:
+        return
+
+    @functools.wraps(get_batch_iterator)
+    def reading_ahead(*args, **kwargs):
+        epochs = get_batch_iterator(*args, **kwargs)
+        if hasattr(epochs, "next_epoch_itr") and not getattr(epochs, "_reads_ahead", False):
+            next_epoch_itr = epochs.next_epoch_itr
+
+            @functools.wraps(next_epoch_itr)
+            def next_epoch(*args, **kwargs):
+                itr = next_epoch_itr(*args, **kwargs)
+                if type(itr) is iterators.CountingIterator:
+                    itr.__class__ = LookaheadCountingIterator
+                return itr
+
+            epochs.next_epoch_itr, epochs._reads_ahead = next_epoch, True
+        return epochs
+
+    task.get_batch_iterator = reading_ahead
 
 
 class InteractiveBatches:

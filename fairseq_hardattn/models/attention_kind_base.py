@@ -42,7 +42,7 @@ from fairseq.modules.transformer_layer import (
 )
 
 from ..errors import ClearCheckpointErrors, ConfigError, check_joined_dictionary, data_dir
-from ..fairseq_compat import plain_args
+from ..compat.checkpoints import plain_args
 from ..modules import ATTENTION_KINDS, HardRetrievalAttention, TopKAttention, decoding_step
 from ..modules.hard_retrieval_attention import TRAIN_RETRIEVALS
 from .decoding_options import ENGINES, check_engine, check_workers
@@ -381,6 +381,9 @@ class AttentionKindTransformerModel(ClearCheckpointErrors, TransformerModel):
         model.data_dir = data_dir(task)
         model.decoder.decoding_engine = args.decoding_engine
         model.decoding_workers = args.decoding_workers
+        engine = decoding_step.step_engine()
+        if engine is not None:
+            engine.model_built(model, task)
         return model
 
     @classmethod

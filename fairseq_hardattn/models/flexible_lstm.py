@@ -13,7 +13,7 @@ from fairseq.models import lstm, register_model, register_model_architecture
 from fairseq.models.lstm import LSTMDecoder, LSTMModel
 
 from ..errors import ClearCheckpointErrors, ConfigError, check_joined_dictionary, data_dir
-from ..fairseq_compat import plain_args
+from ..compat.checkpoints import plain_args
 from ..modules import FlexibleLSTMAttention
 from .attention_kind_base import set_defaults
 from .flexible_options import FlexibleAttentionOptions

@@ -202,6 +202,9 @@ class StepEngine(Protocol):
     def reordered(self, incremental_state, new_order: Tensor):
         """After the generator reordered the incremental state."""
 
+    def model_built(self, model, task):
+        """A task (fairseq's) built ``model``: the engine decodes with it."""
+
     def prepare_for_inference(self, model, cfg):
         """When fairseq's tools prepare ``model`` for decoding."""
 

@@ -57,8 +57,11 @@ def sharpness(data_bin: str, checkpoint: str, subset: str = "valid",
     if not os.path.isfile(checkpoint):
         raise ValueError(f"no checkpoint at {checkpoint}")
     utils.import_user_module(argparse.Namespace(user_dir=USER_DIR))
-    models, _, task = checkpoint_utils.load_model_ensemble_and_task(
-        [checkpoint], arg_overrides={"data": data_bin})
+    from ..compat import loading
+
+    with loading():
+        models, _, task = checkpoint_utils.load_model_ensemble_and_task(
+            [checkpoint], arg_overrides={"data": data_bin})
     model = models[0].eval()
     hard = [(name, m) for name, m in model.named_modules() if isinstance(m, HardRetrievalAttention)]
     if not hard:

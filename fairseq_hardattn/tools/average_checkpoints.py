@@ -18,7 +18,7 @@ import sys
 
 import torch
 
-from .. import fairseq_compat  # noqa: F401  (torch >= 2.6 loads fairseq checkpoints)
+import fairseq_hardattn  # noqa: F401  (torch >= 2.6 loads fairseq checkpoints)
 
 
 def last_epoch_checkpoints(run_dir, count, upper_bound=None):

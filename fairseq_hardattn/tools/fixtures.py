@@ -13,6 +13,7 @@ from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 from fairseq.sequence_generator import SequenceGenerator
 
 from ..errors import ConfigError
+from ..compat import loading
 from ..decoding.int8 import cpu_has_amx
 
 
@@ -128,9 +129,10 @@ def load_models(specs: List[ModelSpec], task, arch_overrides=None, device="cpu",
             for path in paths:
                 if not os.path.exists(path):
                     raise ConfigError(f"checkpoint not found: {path}")
-            loaded, _ = checkpoint_utils.load_model_ensemble(
-                paths, arg_overrides=spec.overrides or None, task=task
-            )
+            with loading():  # as fairseq-generate with the plugin loads them
+                loaded, _ = checkpoint_utils.load_model_ensemble(
+                    paths, arg_overrides=spec.overrides or None, task=task
+                )
             model = loaded[0] if len(loaded) == 1 else Ensemble(loaded)
         else:
             if spec.arch not in ARCH_MODEL_REGISTRY:

@@ -10,7 +10,6 @@ from typing import Dict, List
 
 import torch
 import torch.nn.functional as F
-from fairseq.data import iterators
 
 from .fixtures import GENERATE_MAX_LEN, make_generator, prepare_for_decoding
 from .profiling import timed_sublayers
@@ -37,11 +36,14 @@ class Timing:
 
 @torch.no_grad()
 def decode(generator, batches):
-    """As fairseq-generate: batches from a ``CountingIterator`` (the plugin's
-    search decodes the next ones in worker processes meanwhile, where its
+    """As fairseq-generate: batches from a ``CountingIterator`` that reads
+    ahead, as the task of a plugin model's gives (the plugin's search decodes
+    the next ones in worker processes meanwhile, where its
     ``--decoding-workers`` asks for them)."""
+    from ..decoding.read_ahead import LookaheadCountingIterator
+
     tokens = 0
-    for sample in iterators.CountingIterator(batches):
+    for sample in LookaheadCountingIterator(batches):
         hyps = generator.generate(None, sample)
         tokens += sum(len(h[0]["tokens"]) for h in hyps)
     return tokens

@@ -1,0 +1,105 @@
+"""The hub (``fairseq_hardattn.from_pretrained``): fairseq's
+``GeneratorHubInterface`` for a model of the plugin or of fairseq's
+Transformer family, loaded with the plugin's checks (``compat.loading``), its
+first-contact mistakes stopped in one line.
+
+- A model directory, checkpoint or data directory that does not exist (or
+  is a plain file) is one ``ConfigError`` naming it; fairseq fails with a
+  ``TypeError`` about ``None``, or tarfile's ``ReadError: empty file``.
+- ``translate`` and ``sample`` take a str or a list of str. fairseq iterates
+  whatever it is given, so bytes became one translation per byte, a None in
+  a list was translated as a sentence, and None or a number failed with a
+  bare ``'NoneType' object is not iterable``; here anything else is a
+  ``TypeError`` naming what was passed.
+
+fairseq's own ``TransformerModel.from_pretrained(..., user_dir=...)`` loads the
+plugin's checkpoints too (they decode with the plugin's engine), without
+these checks: the plugin changes nothing of fairseq's own functions there.
+"""
+
+import os
+
+from fairseq import hub_utils
+
+from ..errors import ConfigError
+
+
+def _check_paths(model_dir, checkpoint_file, data):
+    if not isinstance(model_dir, str) or model_dir.startswith(("http://", "https://")):
+        return
+    if not os.path.exists(model_dir):
+        raise ConfigError(f"from_pretrained: no model directory {model_dir!r}")
+    missing = [name for name in checkpoint_file.split(os.pathsep)
+               if not os.path.isfile(os.path.join(model_dir, name))]
+    if missing:
+        found = sorted(n for n in os.listdir(model_dir) if n.endswith(".pt"))
+        raise ConfigError(f"from_pretrained: no checkpoint_file {missing[0]!r} in "
+                          f"{model_dir} (it has: {', '.join(found) or 'no .pt file'})")
+    _check_hub_data(model_dir, data)
+
+
+def _check_hub_data(model_dir, data):
+    """``data_name_or_path`` as fairseq resolves it (a path starting with '.'
+    is relative to the model directory): a data directory, or an archive of
+    one."""
+    if not isinstance(data, str) or data.startswith(("http://", "https://")):
+        return
+    path = os.path.join(model_dir, data) if data.startswith(".") else data
+    if not os.path.exists(path):
+        raise ConfigError(f"from_pretrained: no data directory {path!r} (data_name_or_path: the "
+                          "directory fairseq-preprocess wrote, with the dict.*.txt files)")
+    if os.path.isfile(path):
+        import tarfile
+
+        if not tarfile.is_tarfile(path):
+            raise ConfigError(f"from_pretrained: data_name_or_path {path!r} is a file, not a data "
+                              "directory (the one fairseq-preprocess wrote) or an archive of one")
+
+
+def _sentences_checked(method, sentences):
+    """``sentences`` as the hub's ``translate`` / ``sample`` take them (a str,
+    or a list of str: any iterable of str, read once); else a ``TypeError``
+    naming what was passed."""
+    accepted = "a str or a list of str"
+    if isinstance(sentences, str):
+        return sentences
+    if isinstance(sentences, (bytes, bytearray)):
+        raise TypeError(f"{method}: expects {accepted}, got {type(sentences).__name__} "
+                        f"({bytes(sentences[:40])!r}): decode it first, e.g. .decode('utf-8')")
+    try:
+        sentences = list(sentences)
+    except TypeError:
+        raise TypeError(f"{method}: expects {accepted}, got {type(sentences).__name__} "
+                        f"({sentences!r:.60})") from None
+    for i, sentence in enumerate(sentences):
+        if not isinstance(sentence, str):
+            raise TypeError(f"{method}: sentence {i + 1} of {len(sentences)} is "
+                            f"{type(sentence).__name__} ({sentence!r:.60}), not a str "
+                            f"(it expects {accepted})")
+    return sentences
+
+
+class CheckedHub(hub_utils.GeneratorHubInterface):
+    """fairseq's hub interface, whose ``translate`` and ``sample`` check what
+    they are given."""
+
+    def translate(self, sentences, *args, **kwargs):
+        return super().translate(_sentences_checked("translate", sentences), *args, **kwargs)
+
+    def sample(self, sentences, *args, **kwargs):
+        return super().sample(_sentences_checked("sample", sentences), *args, **kwargs)
+
+
+def from_pretrained(model_name_or_path, checkpoint_file="model.pt", data_name_or_path=".", **kwargs):
+    """A checkpoint of the plugin (or of fairseq's Transformer family) as a
+    hub interface: fairseq's ``TransformerModel.from_pretrained`` with the
+    plugin's checks; keyword arguments as fairseq's (``bpe``, ``tokenizer``,
+    ``source_lang``, ...) and model options to decode with
+    (``int8_decoding=True``, ``decoding_workers=1``, the attention kinds)."""
+    from . import loading
+
+    _check_paths(model_name_or_path, checkpoint_file, data_name_or_path)
+    with loading():
+        loaded = hub_utils.from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path,
+                                           **kwargs)
+    return CheckedHub(loaded["args"], loaded["task"], loaded["models"])
