@@ -6,7 +6,7 @@
 # validation set (tokenized lowercased BLEU and sacreBLEU with its
 # signature), run the benchmarks, and write results/ (Markdown, JSON, PNG),
 # which the README includes. The score records join the committed ones in
-# results/scores/, from which the tables are built: a work dir of a few runs
+# results/scores.json, from which the tables are built: a work dir of a few runs
 # adds its rows to the others. Resumable: every finished step is skipped
 # (delete its output to redo it).
 #
@@ -18,7 +18,7 @@
 #   throughput of one two-thread run on 2 cores; PARALLEL=12 on one GPU); budget knobs in common.sh
 #   (EPOCHS, WARMUP, AVERAGE_LAST, ...); REFERENCE=OTHER_WORK_DIR adds that
 #   work dir's scores (e.g. a longer budget) to the README as a second table.
-#   A work dir trained with another budget than results/scores/budget.json
+#   A work dir trained with another budget than results/scores.json's budget
 #   leaves the tables as they are and prints its scores.
 # Never time while anything else runs on the machine: the benchmarks here
 # run after all training has finished.
@@ -144,14 +144,14 @@ while IFS=$'\t' read -r name run overrides search; do
 done < <("${EXPERIMENTS[@]}" decodes)
 wait
 
-# the tables: this work dir's scores join results/scores/ unless it was trained
+# the tables: this work dir's scores join results/scores.json unless it was trained
 # with another budget (a longer one's pair, say): then they are printed instead
 write_tables() {
   local status=0
   "$PYTHON" "$REPO/scripts/results_table.py" "$WORK_DIR" "$RESULTS" ${REFERENCE:+--reference "$REFERENCE"} \
     || status=$?
   [ "$status" = 3 ] || return "$status"  # 3: another budget (results_table.py); any other failure stops
-  log "tables not written ($WORK_DIR has another budget than results/scores/budget.json); its scores:"
+  log "tables not written ($WORK_DIR has another budget than results/scores.json); its scores:"
   "$PYTHON" "$REPO/scripts/results_table.py" "$WORK_DIR" --print
 }
 [ "${SKIP_BENCH:-0}" = 1 ] && { write_tables; exit 0; }

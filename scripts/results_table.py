@@ -6,11 +6,11 @@ headline table (the presets a user would pick: BLEU, CPU speed in fp32 and
 int8, GPU speed, parameters) between its ``<!-- results:start -->`` and
 ``<!-- results:end -->`` markers.
 
-The tables are built from RESULTS_DIR/scores/, the committed score records
-(NAME.json for test2016, NAME.valid.json for the validation set, and the
-budget.json they were trained with): a work dir's checkpoints and logs stay on
+The tables are built from RESULTS_DIR/scores.json, the committed score
+records (NAME for test2016, NAME.valid for the validation set, and the
+"budget" they were trained with): a work dir's checkpoints and logs stay on
 the machine that trained them, its scores travel with the repository. Each call
-first copies WORK_DIR's records into scores/ (a retrained run replaces its
+first copies WORK_DIR's records into scores.json (a retrained run replaces its
 record, which git shows), so a work dir of a few runs adds its rows to the
 others; a work dir trained with another budget than the committed records' is
 not merged (exit status 3: scripts/results.sh then prints its scores).
@@ -30,8 +30,8 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-OTHER_BUDGET_STATUS = 3  # exit status: WORK has another budget than scores/ (results.sh prints it)
-SCORES = "scores"  # RESULTS_DIR/scores: the committed score records
+OTHER_BUDGET_STATUS = 3  # exit status: WORK has another budget than scores.json (results.sh prints it)
+SCORES = "scores.json"  # RESULTS_DIR/scores.json: the committed score records
 
 
 def _manifest():
@@ -50,6 +50,33 @@ LATER_SPEED_BENCHMARKS = (EXPERIMENTS.TABLE_SPEED_BENCHMARKS[1:]
 
 def load(path):
     return json.loads(Path(path).read_text()) if Path(path).is_file() else None
+
+
+class Scores:
+    """Score records by name: NAME (test2016), NAME.valid (the validation
+    set) and "budget" (how the runs were trained); those committed in one
+    file (``committed``), or a work dir's (``of_work_dir``: evaluate.sh's
+    results/NAME[.valid].json and its budget.json)."""
+
+    def __init__(self, records, path=None):
+        self.records, self.path = records, path
+
+    @classmethod
+    def committed(cls, path):
+        return cls(load(path) or {}, Path(path))
+
+    @classmethod
+    def of_work_dir(cls, work):
+        records = {path.name[:-len(".json")]: load(path) for path in sorted((work / "results").glob("*.json"))}
+        records["budget"] = load(work / "budget.json")
+        return cls(records)
+
+    def record(self, name):
+        record = self.records.get(name)
+        return record if isinstance(record, (dict, list)) else None
+
+    def save(self):
+        self.path.write_text(json.dumps(self.records, indent=1, sort_keys=True) + "\n")
 
 
 def arch_and_flags(arch, flags):
@@ -78,15 +105,14 @@ def counted_cps(gen_log):
 
 def collect(work, scores):
     """Copy the score records of ``work`` (results/NAME[.valid].json of
-    evaluate.sh, with the CPS of their decoding logs) into ``scores``; False,
-    copying nothing, when ``work`` was trained with another budget than the
-    records there."""
-    budget, committed = load(work / "budget.json"), load(scores / "budget.json")
+    evaluate.sh, with the CPS of their decoding logs) into ``scores`` (and
+    save it); False, copying nothing, when ``work`` was trained with another
+    budget than the records there."""
+    budget, committed = load(work / "budget.json"), scores.record("budget")
     if committed is not None and budget != committed:
         return False
-    scores.mkdir(parents=True, exist_ok=True)
     if committed is None and budget is not None:
-        (scores / "budget.json").write_text(json.dumps(budget, indent=2) + "\n")
+        scores.records["budget"] = budget
     for path in sorted((work / "results").glob("*.json")):
         record = load(path)
         if not isinstance(record, dict) or "bleu_tok_lc" not in record:
@@ -94,7 +120,8 @@ def collect(work, scores):
         cps = counted_cps(path.with_suffix(".gen.log"))
         if cps:
             record.update(cps=cps[0], cps_global=cps[1])
-        (scores / path.name).write_text(json.dumps(record, indent=2) + "\n")
+        scores.records[path.name[:-len(".json")]] = record
+    scores.save()
     return True
 
 
@@ -126,7 +153,7 @@ def fmt(value, spec, missing="—"):
 
 def budget_note(scores):
     """How the runs scored in ``scores`` were trained, from the budget.json results.sh writes."""
-    budget = load(Path(scores) / "budget.json")
+    budget = scores.record("budget")
     if not budget:
         return "identical training budget (examples/multi30k/common.sh)"
     return (f"identical training budget: {budget['epochs']} epochs of {budget['max_tokens']}-token "
@@ -170,7 +197,7 @@ def gpu_note(gpu):
 def cps_table(scores):
     rows, counted = [], False
     for name, what in EXPERIMENTS.CPS_ROWS:
-        bleu = load(Path(scores) / f"{name}.json")
+        bleu = scores.record(name)
         if bleu is None:
             continue
         cps = (bleu["cps"], bleu["cps_global"]) if "cps" in bleu else None
@@ -189,9 +216,9 @@ def bleu_table(scores):
     """The BLEU of every row scored in ``scores`` (validation and test2016), or ''."""
     rows = []
     for name, _, what in runs():
-        bleu = load(Path(scores) / f"{name}.json")
+        bleu = scores.record(name)
         if bleu:
-            valid = load(Path(scores) / f"{name}.valid.json")
+            valid = scores.record(f"{name}.valid")
             rows.append(f"| `{name}` | {what} | {fmt(valid and valid['bleu_tok_lc'], '.2f')} | "
                         f"{bleu['bleu_tok_lc']:.2f} | {bleu['sacrebleu']:.2f} |")
     if not rows:
@@ -209,7 +236,7 @@ def gap_cells(hard, soft):
 def run_bleu(scores, name):
     """(valid, test2016) BLEU of the run or decode ``name``, or None unless
     it is scored on both sets."""
-    records = [load(Path(scores) / f"{name}{suffix}.json") for suffix in (".valid", "")]
+    records = [scores.record(f"{name}{suffix}") for suffix in (".valid", "")]
     return None if None in records else tuple(record["bleu_tok_lc"] for record in records)
 
 
@@ -295,8 +322,9 @@ def search_table(scores):
 
 
 def reference_table(reference):
-    table = bleu_table(reference / "results")
-    return (f"\n### Other budget\n\nThe same recipe with another budget ({budget_note(reference)}):"
+    scores = Scores.of_work_dir(reference)
+    table = bleu_table(scores)
+    return (f"\n### Other budget\n\nThe same recipe with another budget ({budget_note(scores)}):"
             f"\n\n{table}") if table else ""
 
 
@@ -331,7 +359,7 @@ def headline_table(results, scores):
     lines = ["| preset (`--arch`) | what it changes | test2016 BLEU | CPU speed vs fairseq, fp32 | "
              "CPU, int8 | GPU speed vs fairseq | params (M) |", "|---|---|---|---|---|---|---|"]
     for row in EXPERIMENTS.HEADLINES:
-        bleu = load(scores / f"{row.run}.json") if row.run else None
+        bleu = scores.record(row.run) if row.run else None
         fp32 = cpu.get(row.preset)
         params = fp32 and fp32.get("params")
         lines.append(f"| `{row.preset}` | {row.what} | {fmt(bleu and bleu['bleu_tok_lc'], '.2f')} | "
@@ -370,7 +398,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     work, results = args.work, args.results
     if args.print:
-        print(bleu_table(work / "results") or f"no scored runs in {work}")
+        print(bleu_table(Scores.of_work_dir(work)) or f"no scored runs in {work}")
         return
     if results is None:
         parser.error("give RESULTS_DIR (or --print)")
@@ -378,12 +406,12 @@ def main(argv=None):
         parser.error(f"--short-budget {args.short_budget}: no such file")
     if not args.readme.is_file():
         parser.error(f"--readme {args.readme}: no such file")
-    scores = results / SCORES
+    scores = Scores.committed(results / SCORES)
     if not collect(work, scores):
         # its own status, so that results.sh tells this refusal from a failure
         parser.exit(OTHER_BUDGET_STATUS,
                     f"{parser.prog}: error: {work} was trained with another budget than the records "
-                    f"in {scores} (budget.json): not merging its scores into the tables (--print "
+                    f"in {scores.path} (its budget): not merging its scores into the tables (--print "
                     "shows them; --reference adds them as a second table)\n")
     small_benchmark, small, small_later = speed_columns(results, EXPERIMENTS.TABLE_SPEED_BENCHMARKS)
     base_benchmark, base, base_later = speed_columns(results, EXPERIMENTS.TABLE_BASE_SPEED_BENCHMARKS)
@@ -396,7 +424,7 @@ def main(argv=None):
         if args.short_budget else None
     table, records, any_measured_later = [], [], False
     for name, arch, what in runs():
-        bleu = load(scores / f"{name}.json")
+        bleu = scores.record(name)
         if bleu is None and name not in small and not (short and short.get(name)):
             continue
         speed, measured_later = speed_row(name, small, small_later)
@@ -437,8 +465,8 @@ def main(argv=None):
         "speed vs soft, Base dims | speed vs fairseq, GPU | train speed vs soft | peak MB train / decode |\n"
         "|---|---|---|---|" + "---|" * bool(short_column) + "---|---|---|---|---|---|---|---|")
     markdown = header + "\n" + "\n".join(table)
-    signature = next((load(p).get("sacrebleu_signature") for p in sorted(scores.glob("*.json"))
-                      if load(p) and load(p).get("sacrebleu_signature")), None)
+    signature = next((r["sacrebleu_signature"] for r in scores.records.values()
+                      if isinstance(r, dict) and r.get("sacrebleu_signature")), None)
     notes = ("\nMulti30k en-de test2016 (1000 sentences), small preset (4+4 layers, d=128, FFN 256, "
              f"4 heads), {budget_note(scores)}. {speed_note(small_benchmark, base_benchmark)} "
              f"{gpu_note(gpu_benchmark)} "

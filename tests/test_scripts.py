@@ -359,15 +359,16 @@ def test_results_table_fills_the_readme_markers(tmp_path):
     records = json.loads((results / "results.json").read_text())
     assert {r["name"] for r in records} == {"soft", "hard", "soft_pre"}
     # the scores are kept beside the tables, the CPS of a decoding log with its record
-    kept = json.loads((results / "scores" / "flexible_auto.json").read_text())
-    assert (kept["bleu_tok_lc"], kept["cps"], kept["cps_global"]) == (30.0, 4.5, 15.0)
-    assert json.loads((results / "scores" / "budget.json").read_text())["epochs"] == 3
+    kept = json.loads((results / "scores.json").read_text())
+    assert (kept["flexible_auto"]["bleu_tok_lc"], kept["flexible_auto"]["cps"],
+            kept["flexible_auto"]["cps_global"]) == (30.0, 4.5, 15.0)
+    assert kept["budget"]["epochs"] == 3
     # so the tables outlive the work dir: a work dir of a few runs adds its rows
     # to the others, and a retrained run replaces its record
     shutil.rmtree(work)
     partial = tmp_path / "partial"
     (partial / "results").mkdir(parents=True)
-    (partial / "budget.json").write_text((results / "scores" / "budget.json").read_text())
+    (partial / "budget.json").write_text(json.dumps(json.loads((results / "scores.json").read_text())["budget"]))
     for name, bleu in (("hard", 31.0), ("aan", 28.0)):
         (partial / "results" / f"{name}.json").write_text(json.dumps(
             {"sentences": 10, "bleu_tok_lc": bleu, "sacrebleu": bleu}))
@@ -395,8 +396,8 @@ def test_results_table_fills_the_readme_markers(tmp_path):
     proc = script("results_table.py", longer, results, "--readme", readme, check=False)
     assert proc.returncode == 3 and "another budget" in proc.stderr  # results.sh's status
     assert "Traceback" not in proc.stderr
-    assert (results / "README.md").read_text() == text and json.loads((results / "scores" / "soft.json").read_text())[
-        "bleu_tok_lc"] == 30.5
+    assert (results / "README.md").read_text() == text
+    assert json.loads((results / "scores.json").read_text())["soft"]["bleu_tok_lc"] == 30.5
 
 
 def test_results_table_judges_each_parity_target_on_the_mean_of_its_seeds(tmp_path):
@@ -562,9 +563,9 @@ def results_sh_with_stand_ins(tmp_path, only, failing_run="-", failing_translati
     shutil.copytree(REPO / "examples" / "multi30k" / "studies", m30k / "studies")
     (repo / "README.md").write_text("<!-- results:start -->\n<!-- results:end -->\n")
     # tables of another budget than this work dir's are kept, its scores printed
-    (repo / "results" / "scores").mkdir(parents=True)
+    (repo / "results").mkdir(parents=True)
     (repo / "results" / "results.json").write_text(json.dumps([{"name": "aan", "bleu_tok_lc": 22.5}]))
-    (repo / "results" / "scores" / "budget.json").write_text(json.dumps({"epochs": 60}))
+    (repo / "results" / "scores.json").write_text(json.dumps({"budget": {"epochs": 60}}))
     (m30k / "prepare.sh").write_text("true\n")
     journal = tmp_path / "journal"
     (m30k / "train.sh").write_text(
