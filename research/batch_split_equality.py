@@ -5,7 +5,7 @@ rows into N parts (the padded width kept, so that only the rows sharing a
 matrix product change), by the plugin's search on one thread; counts the
 sentences whose n-best tokens or scores (bit for bit) differ. What a
 batch decoded in chunks (the search's, for CPU caches and the workers)
-changes in a sentence's output: docs/decoding_engine.md cites it.
+changes in a sentence's output: results/decoding_engine.md cites it.
 
 Example: research/batch_split_equality.py --data work/qs6/data-bin
     --path work/qs6/checkpoints/checkpoint_best.pt --parts 2 7 [--int8]

@@ -5,7 +5,7 @@ engine's default workers) and through the hub (``translate`` of lists, one
 process), sampling the memory of the whole process tree (proportional set
 size, summed: shared pages counted once) as sentences come out. Prints the
 memory after the first 1,000 sentences and at the end, and the growth
-between them. docs/decoding_engine.md cites it (issue 70's long runs).
+between them. results/decoding_engine.md cites it.
 
 Example: research/long_run_memory.py --data work/qs6/data-bin
     --path work/qs6/checkpoints/checkpoint_best.pt --sentences 20000

@@ -232,7 +232,7 @@ def speeds(args, data_bin, checkpoints, scores, started, work):
           f"trained alike on this task; the plugin's engine decodes {min(speedups):.1f}-"
           f"{max(speedups):.1f}x as fast as fairseq's generator, the same translations; hard "
           f"decodes {rate[f'{hard}/auto'] / rate[f'{soft}/auto']:.2f}x soft on the engine (these "
-          "sentences are short: attention is a small part of a step; see docs/decoding_engine.md).")
+          "sentences are short: attention is a small part of a step; see results/decoding_engine.md).")
 
 
 if __name__ == "__main__":

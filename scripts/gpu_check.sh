@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The prepared GPU run (a GPU is lent rarely, for 15 device minutes in all):
+# The prepared GPU run, for a GPU machine with a short time budget:
 # the GPU tests, then the speed cells that matter most, into $OUT (or
 # results/gpu_check/), in under 10 minutes on one H100/H200.
 #

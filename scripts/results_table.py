@@ -183,7 +183,7 @@ def speed_note(small, base):
 def gpu_note(gpu):
     """What the GPU column shows, from its benchmark's settings, or that it waits for a GPU."""
     if not gpu:
-        return (f"GPU column: not measured yet: no session has had a GPU "
+        return (f"GPU column: not measured yet "
                 f"(`scripts/gpu_results.sh results` on one fills it from "
                 f"results/{EXPERIMENTS.TABLE_GPU_BENCHMARK}.json).")
     s = gpu["settings"]
@@ -248,7 +248,7 @@ def pair_bleu(scores, hard, soft):
 
 
 def parity_table(scores):
-    """Hard retrieval against soft attention trained the same way (issue 18):
+    """Hard retrieval against soft attention trained the same way:
     validation BLEU (where recipes are chosen) and test2016 (reported)."""
     runs = {r.name: r for r in EXPERIMENTS.TRAINED}
     rows = []
@@ -263,7 +263,7 @@ def parity_table(scores):
 
 
 def targets_table(scores):
-    """Issue 18's targets (the manifest's PARITY_TARGETS): each one's gap in
+    """The parity targets (the manifest's PARITY_TARGETS): each one's gap in
     the mean of its scored seeds' pairs, on validation and test2016, each
     seed's in brackets, and whether the mean meets the target on each set."""
     rows = []

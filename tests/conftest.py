@@ -112,7 +112,7 @@ def random_batch(dictionary, lengths, tgt_len=6, seed=0):
     return src, torch.tensor(lengths), prev
 
 
-# --- the equality the engine promises (docs/decoding_engine.md, "Equality") ------
+# --- the equality the engine promises (docs/decoding_engine.md) ------------------
 # fairseq's hypotheses (tokens, n-best order, alignments) and, across thread
 # counts, workers and chunks, its own; scores equal to float32 rounding, which
 # differs between CPUs and thread counts: |a - b| <= 1e-4 + 1e-5 |b|. The

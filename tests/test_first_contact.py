@@ -1,6 +1,6 @@
 """A new user's first mistakes, each through the entry point a user would
 use (fairseq's command-line tools or the hub): one line naming the problem,
-the override applied, or the session kept (the README's troubleshooting
+the override applied, or the run kept (the README's troubleshooting
 table lists them)."""
 
 import re

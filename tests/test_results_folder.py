@@ -62,3 +62,37 @@ def test_no_file_or_folder_is_named_after_an_issue():
     named = sorted({part for path in tracked for part in Path(path).parts
                     if re.search(r"(^|[_-])(issue|task|stop)[_-]?\d", part, re.I)})
     assert not named, named
+
+
+# words of how the project is worked on, which a user's repository does not carry
+PRIVATE = re.compile(r"\bsessions?\b|\bissues? #?\d+|\bthe issue\b|\bissue's\b|\b(?:lent|lend|lending)\b"
+                     r"|\.\./shared/bench|\.\./steering", re.I)
+# another project's issue tracker is a reference, not our own work
+EXTERNAL = re.compile(r"(fairseq|CTranslate2|PyTorch|torch|Marian|OpenNMT|Triton)('s)?( own)?\s+(issues?|#)",
+                      re.I)
+
+
+def private_mentions(text):
+    found = []
+    for match in PRIVATE.finditer(text):
+        before = text[max(0, match.start() - 30):match.start()]
+        if match.group(0).lower().startswith("issue") and EXTERNAL.search(before + match.group(0)):
+            continue
+        if match.group(0).lower().startswith("session") and re.search(r"scope=[\"']$", before):
+            continue  # pytest's fixture scope
+        found.append(match.group(0))
+    return found
+
+
+def test_no_text_speaks_of_sessions_issues_lending_or_scripts_outside_the_repository():
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True).stdout.split()
+    offenders = {}
+    for name in tracked:
+        path = REPO / name
+        if (path.suffix not in (".py", ".md", ".sh", ".c", ".h", ".txt", "") or not path.is_file()
+                or name == "tests/test_results_folder.py"):  # (this test names the words)
+            continue
+        found = private_mentions(path.read_text(errors="replace"))
+        if found:
+            offenders[name] = found[:3]
+    assert not offenders, offenders

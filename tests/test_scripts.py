@@ -401,7 +401,7 @@ def test_results_table_fills_the_readme_markers(tmp_path):
 
 
 def test_results_table_judges_each_parity_target_on_the_mean_of_its_seeds(tmp_path):
-    """hard_parity.md opens with issue 18's targets: each one's mean gap over
+    """hard_parity.md opens with the parity targets: each one's mean gap over
     the seeds scored so far (each seed's in brackets), met or not on each set;
     a within-0.3 target needs a mean gap of at least -0.3, a drop at most its bound."""
     work, results = tmp_path / "work", tmp_path / "results"

@@ -2,7 +2,7 @@
 """The Multi30k experiments, declared once, one study per module of
 ``studies/`` (architectures: every architecture's run, the main table;
 hard_parity, cross_self_parity, conversion, beam_settings and parity_targets:
-issue 18's ablation toward parity; flexible; topk; speed: the benchmarks).
+the ablation toward hard/soft parity; flexible; topk; speed: the benchmarks).
 This module gathers them: the runs trained from scratch, the fine-tunings
 that continue them, the decoding variants of trained runs, the benchmarks,
 and the rows and labels of the results tables. ``scripts/results.sh`` and

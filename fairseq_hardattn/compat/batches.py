@@ -9,8 +9,8 @@
   batch; so does ``batch_by_size`` (the same batching minus the drop; call
   sites look the function up on the module at call time).
 - fairseq-interactive's lines: a line longer than the model's source
-  positions ended the whole session ("Size of sample #0 is invalid");
-  ``long_lines_skipped`` names it and the session goes on. Its batches can
+  positions ended the whole run ("Size of sample #0 is invalid");
+  ``long_lines_skipped`` names it and the run goes on. Its batches can
   be read ahead (``decoding.read_ahead``), so that the plugin's search
   decodes the next ones in worker processes meanwhile.
 """
@@ -65,10 +65,10 @@ def _source_positions(max_positions):
 
 def long_lines_skipped(make_batches):
     """Wrap fairseq-interactive's ``make_batches``: a line longer than the
-    model's source positions ended the whole session ("Size of sample #0 is
+    model's source positions ended the whole run ("Size of sample #0 is
     invalid") and the lines after it were never translated. Such a line is
-    now named in one line on stderr and skipped; the session goes on."""
-    lines_read = [0]  # across the calls of this session, for the line numbers
+    now named in one line on stderr and skipped; the run goes on."""
+    lines_read = [0]  # across the calls of this run, for the line numbers
 
     @functools.wraps(make_batches)
     def batches(lines, cfg, task, max_positions, encode_fn):

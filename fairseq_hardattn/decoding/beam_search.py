@@ -1,7 +1,7 @@
 """The plugin's beam search: fairseq's ``SequenceGenerator`` semantics, with
 the per-step passes over the vocabulary cut to what the search needs.
 
-fairseq's generator spends ~40% of a CPU decoding step on its search: a full
+fairseq's generator spends much of a CPU decoding step on its search: a full
 ``log_softmax``, a NaN check and several writes over the (hypotheses x
 vocabulary) scores, a top-k over beam x vocabulary per sentence, and it
 copies every hypothesis's token and score history, and the encoder output,
@@ -311,7 +311,7 @@ class StepLogits:
     and each step's logits: the decoder's, and on a CPU its output projection
     as one product over the features: oneDNN's packed Linear
     (``packed_linear``), the int8 Linear, or else an ``mm`` with the
-    transposed weight kept contiguous (15% faster than ``F.linear``). The
+    transposed weight kept contiguous (faster than ``F.linear``). The
     copies are the call's own, never kept from an earlier one: fairseq's
     optimizer updates weights through .data, which leaves their version as
     it was (``--eval-bleu``'s generator lives through training)."""
@@ -378,7 +378,7 @@ class PluginBeamSearchWithAlignment(SequenceGeneratorWithAlignment, PluginBeamSe
     fairseq's pass encodes each source again for every hypothesis, computes
     logits over the vocabulary at every position, which only its attention
     is read from, and aligns all beam hypotheses, where fairseq-generate
-    prints ``--nbest`` (default 1): 3.8x the decoding time. Here each
+    prints ``--nbest`` (default 1): several times the decoding time. Here each
     sentence's encoder output serves its hypotheses, the decoder stops at its
     features, and the pass covers the best ``aligned_nbest`` hypotheses of
     each sentence; another hypothesis's alignment is computed when it is

@@ -36,8 +36,8 @@ def keep_large_blocks_in_the_heap():
     and returns them on free: an int8 Linear, like oneDNN's packed float32
     one (``packed_linear``), allocates its output on every call (no
     ``out=``), and faulting the int8 output projection's 10 MB back in on
-    every step cost more than its int8 product saved (76 against 90
-    sentences/s, small preset). Raise both thresholds to glibc's maximum,
+    every step cost more than its int8 product saved (at the small preset:
+    slower than float32). Raise both thresholds to glibc's maximum,
     once per process; elsewhere (not glibc) nothing changes."""
     if getattr(keep_large_blocks_in_the_heap, "done", False):
         return
@@ -63,15 +63,13 @@ OUTPUT_PROJECTION = "decoder.output_projection"
 def packing_engines():
     """The quantized engines to pack int8 weights for: (the model's layers,
     its output projection). oneDNN's dynamic int8 Linear against PyTorch's
-    default (x86 / fbgemm), one thread, measured per shape:
-    - with AMX int8 tiles (Xeon): 1.5x-3.0x at every Transformer Base shape
-      (128 rows), the output projection to a 10k vocabulary 3.0x;
-    - without AMX (AMD EPYC, Zen 4, AVX512-VNNI; two runs): 0.87x-1.00x at
-      the layers' shapes, but the output projection 1.56x-1.61x at the small
-      preset's dims (256 rows, 128 -> 10k) and 1.08x-1.12x at Base (512 -> 10k).
-    So every layer packs for oneDNN with AMX, and the output projection
-    wherever oneDNN is there; the rest keeps the default
-    (``research/linear_engines.py`` measures a CPU)."""
+    default (x86 / fbgemm), one thread, measured per shape
+    (``research/linear_engines.py``; results/linear_engines.md): with AMX
+    int8 tiles oneDNN is faster at every Transformer Base shape; without
+    AMX it is no faster at the layers' shapes but faster at the output
+    projection to a vocabulary. So every layer packs for oneDNN with AMX,
+    and the output projection wherever oneDNN is there; the rest keeps the
+    default."""
     default = torch.backends.quantized.engine
     onednn = "onednn" if "onednn" in torch.backends.quantized.supported_engines else default
     return (onednn if cpu_has_amx() else default), onednn

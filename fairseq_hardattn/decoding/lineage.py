@@ -4,15 +4,14 @@ sublayer and step (``kernels/step_attention.c``).
 
 Self-attention: fairseq reorders every self-attention cache on every step
 (an ``index_select`` of each layer's keys and values) and grows it by a
-concatenation: two copies of every cache per step, 30% of a step at
-Transformer Base dims. Here each step's keys and values are written once, in
+concatenation: two copies of every cache per step. Here each step's keys and values are written once, in
 place, into time-major buffers (position, row, head, dim) sized for the
 longest output, and a table of ancestors (hypothesis, position) -> the row
 its prefix had at that position is what the search reorders: integers, one
 table for all layers.
 
 Cross-attention reads the encoder's keys and values cached once per
-sentence, in place (``attend_source_step``): fairseq's path, scores,
+sentence, in place (``source_attention``): fairseq's path, scores,
 softmax and weighted values as separate operators over beam-grouped
 tensors, cost a soft model's step more than the kernel's single pass.
 Cross+self attention is both at once: one softmax (or argmax) over the

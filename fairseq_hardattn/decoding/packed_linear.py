@@ -5,12 +5,11 @@ PyTorch's ``nn.Linear`` multiplies with MKL's sgemm on a weight laid out as
 trained, after copying its bias into the output. oneDNN's Linear
 (``torch.ops.mkldnn._linear_pointwise``, what inductor's CPU freezing calls)
 multiplies with a weight reordered once into its kernel's blocked layout and
-adds the bias in the same pass. One thread, AMD EPYC (Zen 4), against
-``nn.Linear`` (``research/linear_engines.py`` measures a CPU): 1.20x and
-1.38x at the output projection to a 10k vocabulary (the small preset's 128
-and Base's 512 features), 1.07x-1.20x at Base's layers, 0.93x-1.05x at the
-small preset's 128 x 128 and 128 x 256, 1.03x at 256 x 256. So weights of at
-least ``MIN_PACKED_WEIGHT`` elements pack.
+adds the bias in the same pass. Against ``nn.Linear``
+(``research/linear_engines.py`` measures a CPU; results/linear_engines.md)
+it is faster at the output projection and Transformer Base's layers, and no
+faster at the small preset's 128 x 128 and 128 x 256: so weights of at least
+``MIN_PACKED_WEIGHT`` elements pack.
 
 Only inside the search (``packed_linears`` around a decoding call): the
 model is unchanged outside it, and fairseq's generator, training and every
@@ -66,8 +65,8 @@ def packed_linears(model: nn.Module):
     stale (``--eval-bleu``'s generator lives through training). Blocks that
     overlap (searches in several threads, worker processes forked in one)
     share one packing, restored when the last closes: each decodes with the
-    same weights from start to end. At Base dims packing every layer costs
-    about 70 ms, 2% of decoding a batch of 32 sentences of 30 tokens."""
+    same weights from start to end. Packing takes a small part of decoding a
+    batch at Base dims."""
     with _lock:
         entry = model.__dict__.get("_packed_linears")  # [layers, open blocks]
         if entry is None:

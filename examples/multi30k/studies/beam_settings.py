@@ -1,5 +1,5 @@
 """Beam search's settings chosen on validation for hard and soft models
-alike (issue 18; results/hard_parity.md, "Beam search's settings")."""
+alike (results/hard_parity.md, "Beam search's settings")."""
 
 from .conversion import PARENT_RESEEDED_CONVERSIONS, RETRAINED_CONTROL, RETRAINED_CONVERSION
 from .hard_parity import CURRICULUM_PAIRS, HARD_PRE_ARGMAX_DROP01_H8_S2, SOFT_PRE_DROP01_H8_S2

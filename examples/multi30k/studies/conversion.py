@@ -1,5 +1,5 @@
 """Soft checkpoints converted to hard retrieval attention in a few epochs
-(issue 18's fourth target; HARD_PARITY.md): every conversion tried (the
+(a parity target: HARD_PARITY.md): every conversion tried (the
 recipe's, curricula, distillation, learning rates, parents and fine-tuning
 seeds, bigger models), each beside its control (the same epochs soft)."""
 

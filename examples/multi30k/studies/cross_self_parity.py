@@ -1,5 +1,5 @@
 """Cross+self attention toward parity with soft attention trained alike
-(issue 18's third target; results/hard_parity.md): pre-norm layers at
+(a parity target: results/hard_parity.md): pre-norm layers at
 dropout 0.3, 0.1 (three seeds) and 0.2, each beside soft_pre of its dropout."""
 
 from dataclasses import replace

@@ -1,5 +1,5 @@
 """Hard retrieval attention toward parity with soft attention, trained from
-scratch (issue 18; results/hard_parity.md, HARD_PARITY.md): the parity
+scratch (results/hard_parity.md, HARD_PARITY.md): the parity
 recipe's presets and every from-scratch change tried (sampling vs argmax,
 curricula, dropout, heads, distillation, bigger models), each beside its soft
 counterpart trained alike, and their Table-4 switches."""
@@ -8,11 +8,11 @@ from dataclasses import replace
 
 from .manifest import RETIRED_OPTIONS_COMMIT, Decode, Run, decoded_with, reseeded
 
-# the entropy penalty's one measured weight (issue 18: it did not help)
+# the entropy penalty's one measured weight (it did not help)
 ENTROPY_WEIGHT = 0.003
 ENTROPY_PENALTY = f"--hard-entropy-penalty {ENTROPY_WEIGHT:g}"
 
-# the parity recipe's presets (issue 18): pre-norm layers, hard and its soft counterpart
+# the parity recipe's presets: pre-norm layers, hard and its soft counterpart
 SOFT_PRE = Run("soft_pre", "transformer_soft_prenorm_small", "", "soft baseline with pre-norm layers")
 HARD_PRE_ARGMAX = Run("hard_pre_argmax", "transformer_hard_dec_prenorm_small", "",
                       "hard retrieval attention (decoder self- and cross-), the parity recipe: "
@@ -61,7 +61,7 @@ CURRICULUM_PAIRS = tuple((hard.name, soft.name) for hard, soft in (
     (HARD_PRE_ARGMAX_DROP01_H8_ANNEAL_S2, SOFT_PRE_DROP01_H8_S2),
     *CURRICULUM_RESEEDS))
 
-# the ablation toward hard/soft parity (issue 18): trained with the same
+# the ablation toward hard/soft parity: trained with the same
 # budget as every run; hard and soft variants side by side. The _prenorm
 # presets are the plain ones with --encoder-normalize-before
 # --decoder-normalize-before (the same models: tests/test_models.py)

@@ -97,7 +97,7 @@ def searched_with(run: str, beam: int, lenpen: float) -> Decode:
 
 @dataclass(frozen=True)
 class Target:
-    """One of issue 18's targets, judged on the mean over seeds of run BLEU
+    """One of the parity targets, judged on the mean over seeds of run BLEU
     minus its soft counterpart's (beam 4): met where that gap is at least
     ``bound`` (within 0.3: -0.3), or, for a ``drop``, at most ``bound``."""
     claim: str

@@ -1,5 +1,5 @@
 """What results/hard_parity.md reports: every (hard or cross+self run, its
-soft counterpart or control) pair, and issue 18's targets over seeds."""
+soft counterpart or control) pair, and the parity targets over seeds."""
 
 from .conversion import (BIGGER_CONVERSIONS, BRISK_PRESET_CONVERSIONS, CONVERSION_PAIRS, CURRICULUM_HARD_MORE,
                          DISTILLED_PRESET_CONVERSIONS, DROP01_CONVERSIONS, H8_CONTROL, H8_CONVERSION,
@@ -75,7 +75,7 @@ PARITY_PAIRS = (("hard", "soft"), ("hard_pre", "soft_pre"), ("hard_pre_argmax", 
                 ("cross_self_pre_s2", "soft_pre_s2"),
                 *CROSS_SELF_DROP01_PAIRS, (CROSS_SELF_PRE_DROP01.name, SOFT_PRE.name),
                 (CROSS_SELF_PRE_DROP02.name, SOFT_PRE_DROP02.name),
-                # top-k retrieval (issue 61) against soft trained alike
+                # top-k retrieval against soft trained alike
                 *(pair for pairs in TOPK_PAIRS.values() for pair in pairs))
 
 
@@ -90,7 +90,7 @@ PARITY_TARGETS = (
            CROSS_SELF_DROP01_PAIRS, -0.3),
     Target("a soft checkpoint converted to hard in 20 % of its updates within 0.3: the recipe's conversion "
            "against 5 more soft epochs", CONVERSION_PAIRS, -0.3),
-    *(Target(f"top-{k} retrieval within 0.3 of soft trained alike (issue 61): pre-norm, dropout 0.3", pairs, -0.3)
+    *(Target(f"top-{k} retrieval within 0.3 of soft trained alike: pre-norm, dropout 0.3", pairs, -0.3)
       for k, pairs in TOPK_PAIRS.items()),
 )
 

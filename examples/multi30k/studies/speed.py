@@ -36,7 +36,7 @@ BENCHMARKS = (
               ("soft", "fairseq", "soft_ft", "local", "flexible", "flexible_ft", "flexible_band_ft",
                "flexible_gate32", "flexible_gate32_band_ft", "flexible_band_ft_tau075",
                "flexible_gate32_band_ft_tau075"), True),
-    # the parity recipe's presets (issue 18), trained after speed_small was measured,
+    # the parity recipe's presets, trained after speed_small was measured,
     # with the same settings beside soft, fairseq and hard
     Benchmark("speed_small_parity", "speed_small's settings for the parity presets beside soft, "
               "fairseq and hard (trained later)",
@@ -115,7 +115,7 @@ BENCHMARKS = (
 )
 
 
-# the decoding engine (issue 60): fairseq's transformer with fairseq's generator
+# the decoding engine: fairseq's transformer with fairseq's generator
 # (the baseline), the same weights through the plugin's search (soft, hard and
 # top-k attention, fp32 and int8 Linear layers) and through CTranslate2 (fp32,
 # int8): random weights, sources of SRC tokens decoded to exactly SRC tokens,
@@ -154,7 +154,7 @@ ENGINE_BENCHMARKS += (
                      "soft, Base dims, 100 tokens", "preset", 100, 32, 32, 3, _SHARES, "soft"),
 )
 
-# the same on every core this machine lends a process (issue 68): the plugin's
+# the same on every core this machine gives a process: the plugin's
 # models as fairseq-generate runs them by default (--decoding-workers auto),
 # fairseq's generator on all the threads, CTranslate2 in both of its
 # configurations (intra-op threads; a batch per thread), each system in a
@@ -181,7 +181,7 @@ DECODES = tuple(Decode(f"{run}_fairseq_generator", run, {"decoding_engine": "fai
                        f"the `{run}` checkpoint decoded by fairseq's generator (the engine's peer)")
                 for run in GENERATE_TRAINED_RUNS)
 # int8 Linear layers on the trained parity pair and each trained k's top-k run
-# (issue 60: within 0.2 BLEU of fp32)
+# (within 0.2 BLEU of fp32)
 INT8_RUNS = ("soft_pre", "hard_pre_argmax", *TOPK_SEED1_RUNS)
 DECODES += tuple(Decode(f"{run}_int8", run, {"int8_decoding": True},
                         f"the `{run}` checkpoint decoded with int8 Linear layers (CPU)")

@@ -1,4 +1,4 @@
-"""Top-k retrieval attention (issue 61): each decoder head attends softly to
+"""Top-k retrieval attention: each decoder head attends softly to
 its k best keys, k = 1 being hard retrieval. Trained with the parity
 recipe's settings beside soft_pre and hard_pre_argmax (seeds 1 and 2), and
 those two decoded with k in TOPK_DECODE_KS."""
