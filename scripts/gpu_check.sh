@@ -19,8 +19,8 @@ log() { printf '[gpu_check %s] %s\n' "$(date +%H:%M:%S)" "$*" | tee -a "$OUT_DIR
 nvidia-smi > "$OUT_DIR/nvidia-smi.txt" 2>&1 || true
 
 log "1/2 GPU tests (equality of the captured engine, the search and the kernels)"
-"$PYTHON" -m pytest -q -p no:cacheprovider tests/test_beam_search.py tests/test_decoding_engine.py \
-  tests/test_gpu_kernels.py -k "gpu or cuda or triton" > "$OUT_DIR/tests.txt" 2>&1
+"$PYTHON" -m pytest -q -p no:cacheprovider tests/unit/test_beam_search.py tests/unit/test_decoding_engine.py \
+  tests/unit/test_gpu_kernels.py -k "gpu or cuda or triton" > "$OUT_DIR/tests.txt" 2>&1
 log "tests: $(tail -n 1 "$OUT_DIR/tests.txt")"
 # the verdict: on CUDA, every GPU test ran and passed. Recorded in results/gpu_check/,
 # it lets CUDA_SEARCH_PASSED_AT (decoding/engines.py) name its commit, which makes

@@ -26,9 +26,9 @@ export FAIRSEQ_HARDATTN_KERNEL_CFLAGS="-fsanitize=address,undefined -fno-sanitiz
 export ASAN_OPTIONS="detect_leaks=0:verify_asan_link_order=0:abort_on_error=1:halt_on_error=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
-tests=(tests/test_beam_search.py tests/test_decoding_workers.py tests/test_flexible_and_local.py
-       tests/test_fairseq_transformers.py)
-[ -f tests/test_differential.py ] && tests+=(tests/test_differential.py)
+tests=(tests/unit/test_beam_search.py tests/command_line/test_decoding_workers.py tests/unit/test_flexible_and_local.py
+       tests/unit/test_fairseq_transformers.py)
+[ -f tests/unit/test_differential.py ] && tests+=(tests/unit/test_differential.py)
 LD_PRELOAD="$asan $ubsan" "$PY" -m pytest -q -p no:cacheprovider "${tests[@]}" "$@"
 # every kernel was built with the sanitizers (and so ran under them)
 for kernel in beam_candidates step_attention flexible_band; do

@@ -1,7 +1,7 @@
 """Where the plugin works around fairseq's own behaviour, by concern
 (``checkpoints``, ``batches``, ``generation``, ``command_line``, ``hub``):
 each part says which fairseq behaviour it changes and why, and is pinned by a
-test (``tests/test_fairseq_compat.py`` and the first-contact tests).
+test (``tests/command_line/test_fairseq_compat.py`` and the first-contact tests).
 
 What applies when:
 

@@ -198,7 +198,7 @@ def model_class_named(name):
 
 # the plugin's architecture that decodes a checkpoint of fairseq's `transformer`
 # family: the same parameters, soft attention unless the overrides say otherwise
-# (tests/test_fairseq_transformers.py)
+# (tests/unit/test_fairseq_transformers.py)
 FAIRSEQ_TRANSFORMER_AS = "transformer_soft"
 # fairseq transformer options the plugin's layers do not build as fairseq does
 FAIRSEQ_ONLY_OPTIONS = {"cross_self_attention": "--cross-self-attention (fairseq's own)"}

@@ -24,7 +24,7 @@ on every step. Here, per step:
 Same hypotheses and scores as fairseq's generator (the scores to float32
 rounding: the normaliser is summed in another order), for every option this
 search supports (``SUPPORTED``); the others run fairseq's generator
-(``fallback_reason``). ``tests/test_beam_search.py`` compares both.
+(``fallback_reason``). ``tests/unit/test_beam_search.py`` compares both.
 """
 
 import contextlib

@@ -31,7 +31,7 @@ HARD_PRE_ARGMAX_DROP01_H8 = replace(HARD_PRE_ARGMAX_DROP01, name="hard_pre_argma
                                     flags=f"{HARD_PRE_ARGMAX_DROP01.flags} {EIGHT_DECODER_HEADS}",
                                     what="the parity recipe with dropout 0.1 and 8 decoder heads (of 16 dims)")
 # the soft counterpart's preset: transformer_soft_prenorm_small with 8 decoder
-# heads (the same model: tests/test_models.py)
+# heads (the same model: tests/unit/test_models.py)
 SOFT_PRE_DROP01_H8 = Run("soft_pre_drop01_h8", "transformer_soft_prenorm_h8_small", SOFT_PRE_DROP01.flags,
                          "soft_pre with dropout 0.1 and 8 decoder heads (the soft counterpart of "
                          "hard_pre_argmax_drop01_h8 and of the curriculum)")
@@ -41,7 +41,7 @@ SOFT_PRE_DROP01_H8_S2 = reseeded(SOFT_PRE_DROP01_H8, 2)
 # dropout 0.3 (hard_pre_anneal over hard_pre: +0.28 valid / +0.57 test2016), on
 # the recipe closest to parity; the soft counterparts are the 8-head runs. Its
 # preset is hard_pre_argmax_drop01_h8's with the curriculum over the first
-# 1500 updates (the same model: tests/test_models.py)
+# 1500 updates (the same model: tests/unit/test_models.py)
 CURRICULUM_UPDATES = 1500
 CURRICULUM = f"--hard-anneal-updates {CURRICULUM_UPDATES}"
 HARD_PRE_ARGMAX_DROP01_H8_ANNEAL = Run(
@@ -64,7 +64,7 @@ CURRICULUM_PAIRS = tuple((hard.name, soft.name) for hard, soft in (
 # the ablation toward hard/soft parity: trained with the same
 # budget as every run; hard and soft variants side by side. The _prenorm
 # presets are the plain ones with --encoder-normalize-before
-# --decoder-normalize-before (the same models: tests/test_models.py)
+# --decoder-normalize-before (the same models: tests/unit/test_models.py)
 HARD_PRE_COOL = Run("hard_pre_cool", "transformer_hard_dec_prenorm_small", "--hard-cooling-updates 1500",
                     "hard, pre-norm, sampling cooled into the argmax over the first 1500 updates (~half)",
                     retired=RETIRED_OPTIONS_COMMIT)

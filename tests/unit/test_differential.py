@@ -14,11 +14,11 @@ such a tie when either
 - both searches agree on the same case in float64 (where the kernels step
   aside and rounding no longer decides): the same search, fed values that
   differ by float32 rounding (each kernel is tested against PyTorch's ops to
-  it in tests/test_beam_search.py);
+  it in tests/unit/test_beam_search.py);
 and as a defect otherwise: the test fails and names the case.
 
 The CI slice decodes ``DIFFERENTIAL_CASES`` (default 1500) cases from a fixed
-seed; ``FAIRSEQ_HARDATTN_DIFF_CASES=10000 pytest tests/test_differential.py``
+seed; ``FAIRSEQ_HARDATTN_DIFF_CASES=10000 pytest tests/unit/test_differential.py``
 (with ``FAIRSEQ_HARDATTN_DIFF_SEED``) is the long run, whose summary it prints.
 """
 

@@ -170,7 +170,7 @@ def test_sentences_finishing_at_different_steps_leave_the_batch():
 def test_a_forced_prefix_with_fewer_candidates_than_the_beam():
     """A beam of 8 over 7 words with a forced first token: most hypotheses
     start at -inf, and some end with pad, which the search's decoder call
-    must not read as padding (found by tests/test_differential.py)."""
+    must not read as padding (found by tests/unit/test_differential.py)."""
     d = make_dictionary(7)
     model = decisive_model("transformer_soft_small", d).float()
     sample = sample_of(d, lengths=(12, 5))

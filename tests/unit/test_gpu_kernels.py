@@ -115,7 +115,7 @@ def test_the_kernels_equal_the_references_on_a_gpu(dtype):
 
 INTERPRETED = textwrap.dedent("""
     import sys, torch
-    sys.path.insert(0, {tests!r})
+    sys.path[:0] = [{tests!r}, {unit!r}]
     from test_gpu_kernels import BROKEN_INTERPRETER, _count_to, check_ops
     from triton.runtime.errors import InterpreterError
     from fairseq_hardattn.kernels import gpu_ops
@@ -153,7 +153,7 @@ INTERPRETED = textwrap.dedent("""
 @pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed (CUDA builds of torch ship it)")
 def test_the_kernels_equal_the_references_in_tritons_interpreter():
     proc = subprocess.run(
-        [sys.executable, "-c", INTERPRETED.format(tests=os.path.dirname(__file__))],
+        [sys.executable, "-c", INTERPRETED.format(tests=str(REPO / "tests"), unit=os.path.dirname(__file__))],
         env=tool_env(TRITON_INTERPRET="1", FAIRSEQ_HARDATTN_KERNELS="0"), cwd=REPO,
         capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -12,7 +12,7 @@ import fairseq_hardattn
 from conftest import BIN_DIR, TRAIN_FLAGS, tiny_dim_flags, tool_env
 
 ARCHS = fairseq_hardattn.registered_architectures()
-HERE = os.path.dirname(__file__)
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
 # one worker runs this file: its tests share one torchrun launch (a module fixture)
 pytestmark = pytest.mark.xdist_group("two_worker_runs")
 

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import REPO, TEST_SENTENCES, USER_DIR, run_cli, tiny_dim_flags, tool_env, train
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 # the commands a user runs; the measurements behind a paragraph of the docs; the sweep's summary
 SCRIPT_DIRS = (SCRIPTS, REPO / "research", REPO / "examples" / "sweep")
 PYTHON_SCRIPTS = sorted(p.name for folder in SCRIPT_DIRS for p in folder.glob("*.py"))

@@ -7,7 +7,7 @@ that imports it back. Read from the sources, every import (lazy ones too)."""
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "fairseq_hardattn"
+PACKAGE = Path(__file__).resolve().parents[2] / "fairseq_hardattn"
 ROOMS = ("modules", "models", "decoding", "kernels", "criterions")
 
 

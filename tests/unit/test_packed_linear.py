@@ -2,7 +2,7 @@
 the outputs of nn.Linear, a weight changed since the last block seen (even
 through .data, as fairseq's optimizer changes it), and every layer restored
 on leaving, even when the block fails. (The search over every
-architecture: tests/test_beam_search.py.)"""
+architecture: tests/unit/test_beam_search.py.)"""
 
 import pytest
 import torch
