@@ -25,14 +25,14 @@ demo: $(STAMP)
 # the whole suite: tests/unit (the mechanisms, the kernels, the search against
 # fairseq's generator, in memory), tests/command_line (fairseq's console
 # scripts and the hub as a user runs them), tests/tools (scripts/, research/,
-# results/). Three workers on two cores: many tests wait on child processes;
-# tests marked with one xdist_group stay together
+# results/); two workers (one per core); tests marked with one xdist_group
+# stay together
 test: $(STAMP)
-	$(PY) -m pytest -q -n 3 --dist loadgroup tests $(TEST_ARGS)
+	$(PY) -m pytest -q -n 2 --dist loadgroup tests $(TEST_ARGS)
 
 # tests/unit alone, with a shorter slice of the randomized differential cases
 test-fast: $(STAMP)
-	FAIRSEQ_HARDATTN_DIFF_CASES=$${FAIRSEQ_HARDATTN_DIFF_CASES:-300} $(PY) -m pytest -q -n 2 tests/unit $(TEST_ARGS)
+	FAIRSEQ_HARDATTN_DIFF_CASES=$${FAIRSEQ_HARDATTN_DIFF_CASES:-200} $(PY) -m pytest -q -n 2 tests/unit $(TEST_ARGS)
 
 # the C kernels under AddressSanitizer and UndefinedBehaviorSanitizer (before a change to them ships)
 sanitize: $(STAMP)

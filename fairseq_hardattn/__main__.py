@@ -2,11 +2,17 @@
 fairseq's ``--user-dir`` from any working directory::
 
     fairseq-train data-bin --user-dir "$(python -m fairseq_hardattn)" ...
+
+``python -m fairseq_hardattn translate DATA_BIN --path CKPT --input FILE
+--output FILE ...`` translates a text file (``corpus``; docs/corpus.md).
 """
 
 import argparse
+import sys
 
 from . import USER_DIR
+
+COMMANDS = {"translate": "translate a text file line by line, resumable (docs/corpus.md)"}
 
 
 def version() -> str:
@@ -18,18 +24,32 @@ def version() -> str:
         return "unknown (not installed)"
 
 
-parser = argparse.ArgumentParser(
-    prog="python -m fairseq_hardattn",
-    description="Prints the plugin's directory: the value of fairseq's --user-dir (and the hub's "
-                "user_dir=), e.g. fairseq-train data-bin --user-dir \"$(python -m fairseq_hardattn)\"")
-parser.add_argument("--version", action="version", version=f"fairseq-hardattn {version()}")
-parser.add_argument("--install-startup-hook", action="store_true",
-                    help="let fairseq's own commands and hub read fairseq checkpoints under torch >= 2.6 "
-                         "in this Python environment, without --user-dir (a .pth file in its "
-                         "site-packages; see fairseq_hardattn/startup_hook.py), and print its path")
-if parser.parse_args().install_startup_hook:
-    from .startup_hook import install
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="python -m fairseq_hardattn",
+        description="Prints the plugin's directory: the value of fairseq's --user-dir (and the hub's "
+                    "user_dir=), e.g. fairseq-train data-bin --user-dir \"$(python -m fairseq_hardattn)\". "
+                    "Commands: " + "; ".join(f"{name}: {what}" for name, what in COMMANDS.items())
+                    + " (python -m fairseq_hardattn COMMAND --help)")
+    parser.add_argument("--version", action="version", version=f"fairseq-hardattn {version()}")
+    parser.add_argument("--install-startup-hook", action="store_true",
+                        help="let fairseq's own commands and hub read fairseq checkpoints under torch >= 2.6 "
+                             "in this Python environment, without --user-dir (a .pth file in its "
+                             "site-packages; see fairseq_hardattn/startup_hook.py), and print its path")
+    return parser
 
-    print(install())
-else:
-    print(USER_DIR)
+
+def main(argv):
+    if argv and argv[0] == "translate":
+        from .corpus.command import main as translate
+
+        return translate(argv[1:])
+    if build_parser().parse_args(argv).install_startup_hook:
+        from .startup_hook import install
+
+        print(install())
+    else:
+        print(USER_DIR)
+
+
+main(sys.argv[1:])

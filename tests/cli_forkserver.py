@@ -8,7 +8,9 @@ fairseq_cli are imported by each child, so ``--user-dir`` and fairseq's logging
 set-up happen there as they do in a fresh process.
 
 Protocol (one JSON object a line): the request names ``script``, ``argv``,
-``cwd``, ``stdin``, ``stdout``, ``stderr`` (file paths); the answer is
+``cwd``, ``stdin``, ``stdout``, ``stderr`` (file paths) and ``env`` (variables
+to set); a ``script`` of the form ``-m NAME`` runs module NAME as ``python -m``
+does; the answer is
 ``{"pid": N}`` once the child runs, then ``{"returncode": N}``. Started by
 ``conftest.run_cli`` with the environment every tool gets (``tool_env()``);
 commands that need another environment run as plain subprocesses.
@@ -46,6 +48,7 @@ def as_started_from_a_terminal():
 def run_console_script(request):
     """In the forked child: run one console script and return its exit code."""
     as_started_from_a_terminal()
+    os.environ.update(request.get("env") or {})
     os.chdir(request["cwd"])
     written = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
     for fd, (path, mode) in enumerate([(request["stdin"], os.O_RDONLY),
@@ -55,16 +58,20 @@ def run_console_script(request):
         os.dup2(opened, fd)
         os.close(opened)  # the file stays open as fd 0-2 only
     script = request["script"]
+    module = script[3:] if script.startswith("-m ") else None
     sys.argv = [script, *request["argv"]]
-    sys.path[0] = os.path.dirname(script)
+    sys.path[0] = os.getcwd() if module else os.path.dirname(script)
     # the root logger as a fresh process leaves it: fairseq's import configures
     # it (stderr) unless the entry module does so first (fairseq_cli.train: stdout)
-    entry = re.search(r"^from (\S+) import", Path(script).read_text(), flags=re.M)
+    entry = None if module else re.search(r"^from (\S+) import", Path(script).read_text(), flags=re.M)
     if entry and configures_logging_first(importlib.util.find_spec(entry.group(1)).origin):
         logging.getLogger().handlers.clear()
         logging.getLogger().setLevel(logging.WARNING)
     try:
-        runpy.run_path(script, run_name="__main__")
+        if module:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(script, run_name="__main__")
         code = 0
     except SystemExit as exit_:
         code = exit_.code

@@ -197,9 +197,10 @@ class ForkServer:
     process = None
 
     @classmethod
-    def start(cls, script, args, cwd=None, input=None):
-        """Start ``script`` in a forked child; returns (pid, the files of its
-        stdin, stdout and stderr, a temporary directory to clean up)."""
+    def start(cls, script, args, cwd=None, input=None, env=None):
+        """Start ``script`` in a forked child (with the variables ``env`` set
+        too); returns (pid, the files of its stdin, stdout and stderr, a
+        temporary directory to clean up)."""
         if cls.process is None:
             cls.process = subprocess.Popen(
                 [sys.executable, str(Path(__file__).with_name("cli_forkserver.py"))],
@@ -208,7 +209,8 @@ class ForkServer:
         tmp = tempfile.TemporaryDirectory()
         files = {name: os.path.join(tmp.name, name) for name in ("stdin", "stdout", "stderr")}
         Path(files["stdin"]).write_text(input or "")
-        request = dict(script=str(script), argv=[str(a) for a in args], cwd=str(cwd or os.getcwd()), **files)
+        request = dict(script=str(script), argv=[str(a) for a in args], cwd=str(cwd or os.getcwd()),
+                       env=env or {}, **files)
         cls.process.stdin.write(json.dumps(request).encode() + b"\n")
         pid = json.loads(cls.process.stdout.readline())["pid"]
         return pid, files, tmp
@@ -228,8 +230,8 @@ class ForkServer:
             tmp.cleanup()
 
     @classmethod
-    def run(cls, script, args, cwd, input, timeout):
-        pid, files, tmp = cls.start(script, args, cwd, input)
+    def run(cls, script, args, cwd, input, timeout, env=None):
+        pid, files, tmp = cls.start(script, args, cwd, input, env)
         return cls.finish(pid, files, tmp, [str(script), *args], timeout)
 
 

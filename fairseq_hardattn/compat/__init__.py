@@ -12,8 +12,9 @@ What applies when:
 - a fairseq console script run with the plugin (fairseq-generate,
   fairseq-train, ``python -m fairseq_cli.generate`` ...):
   ``install_for_command_line`` replaces fairseq's functions where they fail
-  a user (checkpoints and overrides, the last batch, n-gram blocking, half
-  precision on a CPU, fairseq-interactive's lines) and installs the
+  a user (checkpoints and overrides, the last batch, fairseq-generate's
+  shards, n-gram blocking, half precision on a CPU, fairseq-interactive's
+  lines) and installs the
   command's one-line errors, help, signal handling and quiet warnings.
 - ``loading()``: the checkpoint checks around one load, undone after it
   (``fairseq_hardattn.from_pretrained``).
@@ -94,10 +95,12 @@ def install_for_command_line():
     _wrap(fairseq_model.BaseFairseqModel, "prepare_for_inference_", generation.cpu_precision_checked)
     _wrap(argparse.ArgumentParser, "error", command_line.one_line_usage_errors)
     _wrap(argparse.ArgumentParser, "parse_known_args", command_line.model_options_in_help)
+    import fairseq_cli.generate
     import fairseq_cli.interactive
 
     _wrap(fairseq_cli.interactive, "make_batches",
           lambda make_batches: batches.read_ahead(batches.long_lines_skipped(make_batches)))
+    _wrap(fairseq_cli.generate, "_main", batches.shards_honoured)
     command_line.quiet_fairseq_noise()
     if sys.excepthook is not report_error:
         sys.excepthook = report_error

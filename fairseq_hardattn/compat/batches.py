@@ -13,6 +13,13 @@
   ``long_lines_skipped`` names it and the run goes on. Its batches can
   be read ahead (``decoding.read_ahead``), so that the plugin's search
   decodes the next ones in worker processes meanwhile.
+- fairseq-generate's shards: it reads ``--num-shards`` / ``--shard-id`` and
+  ignores them (every shard decoded the whole set), sharding by
+  ``--distributed-world-size`` / ``--distributed-rank`` instead, which no
+  launcher sets for it. ``shards_honoured`` decodes shard ``--shard-id`` of
+  ``--num-shards``: every ``--num-shards``-th batch (fairseq's
+  ``ShardedIterator``), ids kept, so that the shards' outputs together are
+  the whole set's.
 """
 
 import functools
@@ -103,8 +110,38 @@ def read_ahead(make_batches):
 
     from ..decoding.read_ahead import InteractiveBatches
 
+    lines_read = [0]  # across the calls of this run: the batches' line numbers
+
     @functools.wraps(make_batches)
-    def batches(*args, **kwargs):
-        return InteractiveBatches(make_batches(*args, **kwargs))
+    def batches(lines, *args, **kwargs):
+        first_line, lines_read[0] = lines_read[0], lines_read[0] + len(lines)
+        return InteractiveBatches(make_batches(lines, *args, **kwargs), first_line)
 
     return batches
+
+
+def shards_honoured(generate_main):
+    """Wrap fairseq-generate's ``_main(cfg, output_file)``: its batches are
+    shard ``--shard-id`` of ``--num-shards``."""
+
+    @functools.wraps(generate_main)
+    def main(cfg, output_file):
+        from omegaconf import open_dict
+
+        from ..errors import ConfigError
+
+        shards, shard = cfg.dataset.num_shards, cfg.dataset.shard_id
+        if shards < 1 or not 0 <= shard < shards:
+            raise ConfigError(f"--shard-id must be at least 0 and below --num-shards ({shards}), got {shard}")
+        if shards > 1:
+            if cfg.distributed_training.distributed_rank != 0:
+                raise ConfigError("fairseq-generate shards with --num-shards and --shard-id; "
+                                  "--distributed-rank does not apply")
+            with open_dict(cfg):
+                cfg.distributed_training.distributed_world_size = shards
+                cfg.distributed_training.distributed_rank = shard
+            print(f"fairseq-hardattn: decoding shard {shard} of {shards} (--shard-id, --num-shards): "
+                  f"every {shards}th batch", file=sys.stderr, flush=True)
+        return generate_main(cfg, output_file)
+
+    return main

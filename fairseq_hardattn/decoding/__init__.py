@@ -63,6 +63,8 @@ def generator_class(models, args, extra_gen_cls_kwargs=None, prefix_allowed_toke
                     reason)
         return None
     extra = dict(extra_gen_cls_kwargs or {})
+    if getattr(args, "sampling", False) and getattr(args, "seed", None) is not None:
+        extra["seed"] = args.seed  # the hub's seed=; commands seed torch with --seed
     if getattr(args, "print_alignment", False):
         extra["print_alignment"] = args.print_alignment
         extra["aligned_nbest"] = max(1, getattr(args, "nbest", 1) or 1)

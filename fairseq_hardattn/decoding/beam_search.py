@@ -23,8 +23,10 @@ on every step. Here, per step:
 
 Same hypotheses and scores as fairseq's generator (the scores to float32
 rounding: the normaliser is summed in another order), for every option this
-search supports (``SUPPORTED``); the others run fairseq's generator
-(``fallback_reason``). ``tests/unit/test_beam_search.py`` compares both.
+search supports; the others run fairseq's generator (``fallback_reason``).
+``tests/unit/test_beam_search.py`` compares both. Sampling (``--sampling``)
+is this search with fairseq's ``Sampling`` step, each sentence drawing from
+a generator of its own (``sampling``).
 """
 
 import contextlib
@@ -42,6 +44,8 @@ from ..modules import decoding_step
 from . import engines
 from .lineage import Lineage
 from .packed_linear import packed_linears
+from .read_ahead import sentence_ids
+from .sampling import SentenceDraws
 from .workers import ParallelBatches
 
 
@@ -49,25 +53,31 @@ class PluginBeamSearch(ParallelBatches, SequenceGenerator):
     """fairseq's ``SequenceGenerator`` (same constructor, ``generate`` and
     output) whose search is this module's: one model, or an ensemble (the
     mean of its models' probabilities, as fairseq's ``EnsembleModel``), beam
-    search (no sampling or other strategies): ``fallback_reason`` says why a
-    configuration runs fairseq's generator instead. Several batches decode
-    at once in worker processes where the caller iterates them
-    (``workers``). A call's state lives in the call: threads may decode
-    with one generator at once."""
+    search or sampling (``search_strategy`` fairseq's ``Sampling``; ``seed``:
+    the sentences' generators are seeded from it, by default torch's initial
+    seed, which fairseq's tools set to ``--seed``): ``fallback_reason`` says
+    why a configuration runs fairseq's generator instead. Several batches
+    decode at once in worker processes where the caller iterates them
+    (``workers``). A call's state lives in the call: threads may decode with
+    one generator at once."""
 
     serial_generate = SequenceGenerator.generate
 
-    def __init__(self, models, tgt_dict, **kwargs):
+    def __init__(self, models, tgt_dict, seed: Optional[int] = None, **kwargs):
         super().__init__(models, tgt_dict, **kwargs)
-        if type(self.search) is not search.BeamSearch or self.lm_model is not None:
-            raise ValueError("PluginBeamSearch runs plain beam search "
+        if type(self.search) not in (search.BeamSearch, search.Sampling) or self.lm_model is not None:
+            raise ValueError("PluginBeamSearch runs beam search and sampling "
                              "(fallback_reason names what else needs fairseq's generator)")
+        self.sampling = type(self.search) is search.Sampling
+        self.seed = torch.initial_seed() if seed is None else int(seed)
 
     @torch.no_grad()
     def _generate(self, sample: Dict[str, Dict[str, Tensor]], prefix_tokens: Optional[Tensor] = None,
                   constraints: Optional[Tensor] = None, bos_token: Optional[int] = None):
         if constraints is not None:
             raise NotImplementedError("constraints need fairseq's generator")
+        if self.sampling and prefix_tokens is not None:  # fairseq's draws, from torch's generator
+            return SequenceGenerator._generate(self, sample, prefix_tokens=prefix_tokens, bos_token=bos_token)
         with contextlib.ExitStack() as packing:
             # on a CPU, the large float32 Linear layers on oneDNN's prepacked kernels
             steps = [StepLogits(model, packing.enter_context(packed_linears(model)))
@@ -102,6 +112,13 @@ class PluginBeamSearch(ParallelBatches, SequenceGenerator):
         # candidates per hypothesis, and per sentence as fairseq's (at step 0 from one hypothesis)
         candidates = min(2 * beam, vocab)
         first_candidates, sentence_candidates = min(2 * beam, vocab - 1), min(2 * beam, beam * vocab - 1)
+        draws, ignored = None, None
+        if self.sampling:  # each sentence's generator; a sample that ended keeps its row, ignored
+            draws = SentenceDraws(self.seed, sentence_ids(sample), beam, self.search.sampling_topk,
+                                  self.search.sampling_topp)
+            ignored = torch.zeros(bsz, beam, dtype=torch.bool, device=device)
+            topk = self.search.sampling_topk
+            candidates = min(topk, vocab) if topk > 0 and self.search.sampling_topp <= 0 else 0
         # the search's state: per hypothesis (row), its last token and cumulative score;
         # per step, every row's token, cumulative score and the row it continues
         rows = bsz * beam
@@ -147,7 +164,7 @@ class PluginBeamSearch(ParallelBatches, SequenceGenerator):
                                              dim=0) - math.log(len(steps))
                     logits[logits != logits] = -math.inf  # fairseq's NaN check
             forcing = prefix_tokens is not None and step < prefix_tokens.size(1) and step < max_len
-            if (step < max_len and not forcing and self.repeat_ngram_blocker is None
+            if (step < max_len and not forcing and self.repeat_ngram_blocker is None and candidates
                     and kernels.can_run_beam_candidates(logits)):
                 # one C call: the normaliser and the candidates, the special columns adjusted
                 columns, adds = self._special_columns[step < self.min_len]
@@ -168,9 +185,22 @@ class PluginBeamSearch(ParallelBatches, SequenceGenerator):
                     logits[:, self.eos] = -math.inf
                 if self.repeat_ngram_blocker is not None:
                     logits = self.repeat_ngram_blocker(tokens, logits, bsz, beam, step)
-                top, top_tokens = logits.topk(candidates, dim=1)
+                if draws is not None:  # every token's log-probability
+                    top, top_tokens = logits, None
+                else:
+                    top, top_tokens = logits.topk(candidates, dim=1)
             lprobs = top - normaliser if len(steps) == 1 else top  # an ensemble's: log-probabilities
-            if step == 0:  # every hypothesis of a sentence is the same: its first one's candidates
+            if draws is not None:  # fairseq's Sampling: row b of a sentence continues its row b
+                if step == 0 and lprobs.size(0) != bsz:
+                    lprobs = lprobs[first_rows]
+                    top_tokens = None if top_tokens is None else top_tokens[first_rows]
+                sentence_scores, cand_tokens = draws.step(step, lprobs, top_tokens)
+                if step == 0:
+                    cand_beams = torch.zeros_like(cand_tokens)
+                else:
+                    cand_beams = slots[:beam].expand(bsz, beam)
+                    sentence_scores = sentence_scores + scores.view(bsz, beam)
+            elif step == 0:  # every hypothesis of a sentence is the same: its first one's candidates
                 if one_per_sentence:
                     lprobs, top_tokens = lprobs.repeat_interleave(beam, 0), top_tokens.repeat_interleave(beam, 0)
                 sentence_scores = lprobs[first_rows, :first_candidates]
@@ -184,6 +214,8 @@ class PluginBeamSearch(ParallelBatches, SequenceGenerator):
 
             # hypotheses ending with EOS among each sentence's best `beam`: finished
             eos_mask = cand_tokens.eq(self.eos) & sentence_scores.ne(-math.inf)
+            if ignored is not None:  # samples that ended before end no more
+                eos_mask &= ~ignored
             ending = eos_mask[:, :beam]
             finished_sentences: List[int] = []
             if bool(ending.any()):  # the step's one host sync: a cheap check
@@ -195,9 +227,14 @@ class PluginBeamSearch(ParallelBatches, SequenceGenerator):
             assert step < max_len, f"{step} < {max_len}"
 
             # each sentence continues with its best `beam` candidates not ending with EOS
-            # (the first `beam` by position: candidates are sorted by score)
+            # (the first `beam` by position: candidates are sorted by score); a sampled
+            # sentence with all its `beam` candidates, those that ended last
             width = eos_mask.size(1)
-            active = torch.add(eos_mask.long() * width, slots[:width]).topk(beam, dim=1, largest=False)[1]
+            if ignored is not None:
+                eos_mask |= ignored
+            ranks, active = torch.add(eos_mask.long() * width, slots[:width]).topk(beam, dim=1, largest=False)
+            if ignored is not None:
+                ignored = ranks.ge(width)
             parents = cand_beams.gather(1, active) + first_rows.unsqueeze(1)
             last = cand_tokens.gather(1, active).view(-1)
             scores = sentence_scores.gather(1, active).view(-1)
@@ -207,6 +244,9 @@ class PluginBeamSearch(ParallelBatches, SequenceGenerator):
                 kept = torch.tensor(keep, device=device)
                 sentences = [sentences[i] for i in keep]
                 order, last, scores = (t.view(bsz, beam)[kept].view(-1) for t in (order, last, scores))
+                if draws is not None:
+                    draws.keep(keep)
+                    ignored = ignored[kept]
                 bsz, rows = len(keep), len(keep) * beam
                 for step_logits in steps:
                     step_logits.reorder_encoder_out(order)
@@ -227,8 +267,9 @@ class PluginBeamSearch(ParallelBatches, SequenceGenerator):
                 tokens[:, step + 1] = last
 
         for sentence in finalized:
-            by_score = torch.tensor([float(h["score"].item()) for h in sentence])
-            sentence[:] = [sentence[i] for i in torch.sort(by_score, descending=True)[1]]
+            if len(sentence) > 1:
+                by_score = torch.tensor([float(h["score"].item()) for h in sentence])
+                sentence[:] = [sentence[i] for i in torch.sort(by_score, descending=True)[1]]
         return finalized
 
     @property
@@ -480,7 +521,7 @@ def fallback_reason(models, args, extra_gen_cls_kwargs=None, prefix_allowed_toke
     ``args`` (None: this search supports them)."""
     extra = extra_gen_cls_kwargs or {}
     checks = (
-        (getattr(args, "sampling", False), "--sampling"),
+        (getattr(args, "sampling", False) and getattr(args, "prefix_size", 0) > 0, "--sampling with --prefix-size"),
         (getattr(args, "diverse_beam_groups", -1) > 0, "--diverse-beam-groups"),
         (getattr(args, "diversity_rate", -1) > -1, "--diversity-rate"),
         (getattr(args, "match_source_len", False), "--match-source-len"),

@@ -107,28 +107,68 @@ def attach(task):
     task.get_batch_iterator = reading_ahead
 
 
+# the line numbers of fairseq-interactive's batches while their source tokens
+# live, by the tokens' id (its samples carry no ids; sampling seeds each
+# sentence by its line)
+_line_numbers: Dict[int, tuple] = {}
+
+
+def _note_lines(tokens, lines: torch.Tensor):
+    key = id(tokens)
+    _line_numbers[key] = (weakref.ref(tokens, lambda _: _line_numbers.pop(key, None)), lines)
+
+
+def with_ids(sample):
+    """``sample`` with each sentence's index in the data as its ``id``: a
+    sample's own, or the lines of fairseq-interactive's batch it was built
+    from (a copy of the sample; else ``sample`` as it is)."""
+    if not isinstance(sample, dict) or torch.is_tensor(sample.get("id")):
+        return sample
+    tokens = source_tokens(sample)
+    entry = _line_numbers.get(id(tokens)) if torch.is_tensor(tokens) else None
+    if entry is None or entry[0]() is not tokens:
+        return sample
+    return dict(sample, id=entry[1])
+
+
+def sentence_ids(sample) -> List[int]:
+    """Each sentence's index in the data (``with_ids``), else its row."""
+    ids = with_ids(sample).get("id")
+    return ids.tolist() if torch.is_tensor(ids) else list(range(source_tokens(sample).size(0)))
+
+
 class InteractiveBatches:
     """fairseq-interactive's batches (``make_batches``), able to read ahead:
     the samples it builds from them are ``{"net_input": {"src_tokens",
-    "src_lengths"}}``, as fairseq-interactive's own."""
+    "src_lengths"}, "id"}``, as fairseq-interactive's own with its ids:
+    ``first_line`` plus each line's index in this buffer."""
 
-    def __init__(self, batches):
+    def __init__(self, batches, first_line: int = 0):
         self._batches = iter(batches)
         self._ahead = collections.deque()
+        self._first_line = first_line
 
     def __iter__(self):
         return self
 
+    def _next_batch(self):
+        batch = next(self._batches)
+        ids = getattr(batch, "ids", None)
+        if torch.is_tensor(ids) and torch.is_tensor(batch.src_tokens):
+            _note_lines(batch.src_tokens, ids + self._first_line)
+        return batch
+
     def __next__(self):
-        batch = self._ahead.popleft() if self._ahead else next(self._batches)
+        batch = self._ahead.popleft() if self._ahead else self._next_batch()
         note_yielded(self, batch)
         return batch
 
     def take_ahead(self, n):
         while len(self._ahead) < n:
             try:
-                self._ahead.append(next(self._batches))
+                self._ahead.append(self._next_batch())
             except StopIteration:
                 break
-        return [{"net_input": {"src_tokens": b.src_tokens, "src_lengths": b.src_lengths}}
+        return [{"net_input": {"src_tokens": b.src_tokens, "src_lengths": b.src_lengths},
+                 "id": b.ids + self._first_line}
                 for b in list(self._ahead)[:n] if getattr(b, "constraints", None) is None]

@@ -62,7 +62,7 @@ import torch
 
 from ..models.decoding_options import AUTO
 from .packed_linear import packed_linears
-from .read_ahead import batches_after, source_tokens
+from .read_ahead import batches_after, source_tokens, with_ids
 
 logger = logging.getLogger(__name__)
 
@@ -461,6 +461,7 @@ class ParallelBatches:
         with _searching_lock:
             _searching += 1
         try:
+            sample = with_ids(sample)  # (a chunk's sentences keep theirs)
             chunks = chunks_of(sample) if plain(kwargs) else [sample]
             return [hypotheses for chunk in chunks
                     for hypotheses in self.serial_generate(self.model.models, chunk, **kwargs)]
@@ -482,7 +483,8 @@ class ParallelBatches:
         pool.hold_collector()
         try:
             # each chunk a task of its own: the workers share a large batch out
-            numbers = [pool.submit(chunk) for chunk in chunks_of(sample)] if entry is None else entry[1]
+            numbers = ([pool.submit(chunk) for chunk in chunks_of(with_ids(sample))] if entry is None
+                       else entry[1])
             window = len(pool.processes) * QUEUED_PER_WORKER
 
             def keep_workers_busy():  # the batches after this one, up to the window

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, TEST_SENTENCES, USER_DIR, run_cli, tiny_dim_flags, tool_env, train
+from conftest import REPO, TEST_SENTENCES, USER_DIR, ForkServer, run_cli, tiny_dim_flags, tool_env, train
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 # the commands a user runs; the measurements behind a paragraph of the docs; the sweep's summary
@@ -22,10 +22,15 @@ TINY_SMALL_ARCHS = ["soft=transformer_soft_small", "hard=transformer_hard_dec_sm
 
 
 def script(name, *args, check=True, timeout=600):
+    """Run a script as a user does: a Python one in a child of the tests' fork
+    server (torch and fairseq imported once), a shell one in bash."""
     path = next(folder / name for folder in SCRIPT_DIRS if (folder / name).exists())
-    command = ([sys.executable] if name.endswith(".py") else ["bash"]) + [str(path)]
-    proc = subprocess.run(command + [str(a) for a in args], env=tool_env(MPLBACKEND="Agg"),
-                          capture_output=True, text=True, timeout=timeout)
+    args = [str(a) for a in args]
+    if name.endswith(".py"):
+        proc = ForkServer.run(path, args, None, None, timeout, env={"MPLBACKEND": "Agg"})
+    else:
+        proc = subprocess.run(["bash", str(path), *args], env=tool_env(MPLBACKEND="Agg"),
+                              capture_output=True, text=True, timeout=timeout)
     if check:
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return proc

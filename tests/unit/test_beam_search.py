@@ -258,7 +258,7 @@ def test_hard_alignments_of_every_row_at_once_are_fairseqs():
 
 
 @pytest.mark.parametrize("options, reason", [
-    (dict(sampling=True), "--sampling"),
+    (dict(sampling=True, prefix_size=1), "--sampling with --prefix-size"),
     (dict(diverse_beam_groups=2), "--diverse-beam-groups"),
     (dict(constraints="ordered"), "--constraints"),
     (dict(match_source_len=True), "--match-source-len"),

@@ -37,7 +37,7 @@ from fairseq_hardattn.decoding import PluginBeamSearch
 
 from conftest import FLOAT32_ROUNDING as SCORES, build_model, load_with_overrides, make_dictionary
 
-DIFFERENTIAL_CASES = int(os.environ.get("FAIRSEQ_HARDATTN_DIFF_CASES", "1500"))
+DIFFERENTIAL_CASES = int(os.environ.get("FAIRSEQ_HARDATTN_DIFF_CASES", "600"))
 SEED = int(os.environ.get("FAIRSEQ_HARDATTN_DIFF_SEED", "2026"))
 ARCHS = [a for a in fairseq_hardattn.registered_architectures() if "lstm" not in a]
 # decode-time kinds for the archs whose decoder attention is built of kinds

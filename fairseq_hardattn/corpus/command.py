@@ -1,0 +1,374 @@
+"""``python -m fairseq_hardattn translate DATA_BIN --path CKPT --input FILE
+--output FILE`` with fairseq-interactive's options: a text file of any size
+translated line by line into another (see docs/corpus.md).
+
+The input is read in chunks of ``--buffer-size`` lines; each chunk's lines
+are encoded as fairseq-interactive encodes them (``--tokenizer``, ``--bpe``),
+sorted by length into ``--max-tokens`` batches and decoded by fairseq's
+generator for the options, which is the plugin's engine where it runs them
+(its workers reading the batches ahead, across chunks). A chunk's
+translations are committed as a whole (``parts``); a command killed and
+run again continues with the chunks not committed. Under a launcher
+(``lines.launcher_rank``) each rank decodes every rank-th chunk.
+"""
+
+import ast
+import hashlib
+import itertools
+import logging
+import math
+import os
+import sys
+import time
+from collections import deque
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import torch
+
+from ..errors import ConfigError
+from . import lines as input_lines
+from .parts import Parts
+
+logger = logging.getLogger("fairseq_hardattn.corpus")
+
+DEFAULT_BUFFER_LINES = 5000
+DEFAULT_MAX_TOKENS = 12000  # fairseq-generate's
+# fairseq-interactive's options that print what this command does not write
+NOT_WRITTEN = (("nbest", lambda v: v > 1, "--nbest above 1 (it writes one translation per line)"),
+               ("print_alignment", bool, "--print-alignment (it writes translations only)"),
+               ("constraints", bool, "--constraints"),
+               ("prefix_size", lambda v: v > 0, "--prefix-size"),
+               ("score_reference", bool, "--score-reference"),
+               ("print_step", bool, "--print-step"),
+               ("retain_iter_history", bool, "--retain-iter-history"))
+
+
+def build_parser():
+    from fairseq import options
+
+    parser = options.get_interactive_generation_parser(default_task="translation")
+    parser.prog = "python -m fairseq_hardattn translate"
+    parser.description = ("Translate a text file line by line into another, resumable, on every core or "
+                          "under a launcher's ranks; fairseq-interactive's options (docs/corpus.md).")
+    group = parser.add_argument_group("corpus")
+    group.add_argument("--output", metavar="FILE", help="the translations, one line per input line")
+    group.add_argument("--overwrite", action="store_true",
+                       help="replace an output, or the parts of another command, left in --output's place")
+    group.add_argument("--merge", action="store_true",
+                       help="assemble --output from the parts every rank has committed (normally the "
+                            "last rank to finish does it); nothing is decoded")
+    group.add_argument("--progress-seconds", type=float, default=30.0, metavar="S",
+                       help="without a terminal (or with --no-progress-bar), a progress line every S seconds")
+    return parser
+
+
+def parse(argv):
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    args = options.parse_args_and_arch(build_parser(), input_args=argv)
+    if not args.output:
+        raise ConfigError("--output FILE is required: where the translations go")
+    if args.input in (None, "-"):
+        raise ConfigError("--input FILE is required: a file (standard input cannot be resumed)")
+    if not os.path.isfile(args.input) or not os.access(args.input, os.R_OK):
+        raise ConfigError(f"--input {args.input}: no such readable file")
+    folder = os.path.dirname(os.path.abspath(args.output))
+    if not os.path.isdir(folder):
+        raise ConfigError(f"--output {args.output}: the folder {folder} does not exist")
+    for name, applies, what in NOT_WRITTEN:
+        if applies(getattr(args, name, None) or 0):
+            raise ConfigError(f"the corpus command does not take {what}")
+    if args.buffer_size in (None, 0):
+        args.buffer_size = DEFAULT_BUFFER_LINES
+    if args.max_tokens is None and args.batch_size is None:
+        args.max_tokens = DEFAULT_MAX_TOKENS
+    return args, convert_namespace_to_omegaconf(args)
+
+
+def file_identity(path: str) -> Dict:
+    """A file's size and a digest of its first and last MiB: the same file
+    (a copy, another mount) without reading all of it."""
+    size = os.path.getsize(path)
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        digest.update(f.read(1 << 20))
+        if size > 2 << 20:
+            f.seek(-(1 << 20), os.SEEK_END)
+            digest.update(f.read())
+    return {"size": size, "sha256_head_tail": digest.hexdigest()}
+
+
+def command_identity(args, cfg) -> Dict:
+    """What decides the output: the input and the checkpoints (by content),
+    the data's dictionaries, the generation, tokenizer and BPE options, the
+    model overrides that change translations, the batching, the seed."""
+    from fairseq import utils
+    from omegaconf import OmegaConf
+
+    overrides = ast.literal_eval(cfg.common_eval.model_overrides)
+    overrides.pop("decoding_workers", None)  # the same translations with any number
+    return {
+        "input": file_identity(args.input),
+        "checkpoints": [file_identity(path) for path in utils.split_paths(cfg.common_eval.path)],
+        "dictionaries": [file_identity(os.path.join(utils.split_paths(cfg.task.data)[0], name))
+                         for name in sorted(os.listdir(utils.split_paths(cfg.task.data)[0]))
+                         if name.startswith("dict.")],
+        "languages": [cfg.task.source_lang, cfg.task.target_lang],
+        "generation": OmegaConf.to_container(cfg.generation, resolve=True),
+        "tokenizer": OmegaConf.to_container(cfg.tokenizer, resolve=True) if cfg.tokenizer else None,
+        "bpe": OmegaConf.to_container(cfg.bpe, resolve=True) if cfg.bpe else None,
+        "post_process": cfg.common_eval.post_process,
+        "model_overrides": repr(sorted(overrides.items())),
+        "batching": [args.buffer_size, args.max_tokens, args.batch_size],
+        "seed": cfg.common.seed,
+    }
+
+
+class Progress:
+    """Lines done of this rank's share: tqdm on a terminal (lines, lines/s,
+    time left), else a line every ``seconds``."""
+
+    def __init__(self, total: int, done: int, seconds: float, bar: bool, label: str):
+        self.total, self.done, self.seconds, self.label = total, done, seconds, label
+        self.started, self.started_done, self.last = time.monotonic(), done, time.monotonic()
+        self.bar = None
+        if bar and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=done, unit=" lines", desc=label, dynamic_ncols=True,
+                            smoothing=0.1)
+
+    def update(self, lines: int):
+        self.done += lines
+        if self.bar is not None:
+            self.bar.update(lines)
+        elif time.monotonic() - self.last >= self.seconds:
+            self.last = time.monotonic()
+            print(f"fairseq-hardattn: {self.line()}", file=sys.stderr, flush=True)
+
+    def line(self) -> str:
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        rate = (self.done - self.started_done) / elapsed
+        left = (self.total - self.done) / rate if rate > 0 else float("inf")
+        eta = "" if math.isinf(left) else f", {time.strftime('%H:%M:%S', time.gmtime(left))} left"
+        return f"{self.label}: {self.done:,} of {self.total:,} lines ({rate:.1f} lines/s{eta})"
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+
+
+class ChunkOutput:
+    """One chunk's translations as they come (empty lines and lines too long
+    for the model are empty already)."""
+
+    def __init__(self, index: int, first: int, count: int):
+        self.index, self.first = index, first
+        self.texts: List[Optional[str]] = [None] * count
+        self.remaining = count
+
+    def fill(self, line: int, text: str):
+        self.texts[line - self.first] = text
+        self.remaining -= 1
+
+
+class CorpusBatches:
+    """The batches of the chunks to decode, in order, each sample's ``id``
+    its line's index in the input; able to read ahead across chunks
+    (``take_ahead``: the engine's workers decode the next batches while this
+    process waits for one)."""
+
+    def __init__(self, chunks, prepare):
+        from ..decoding.read_ahead import note_yielded
+
+        self._note_yielded = note_yielded
+        self._chunks, self._prepare = chunks, prepare
+        self._ahead = deque()
+        self.opened: Dict[int, ChunkOutput] = {}  # the chunks read and not committed, by index
+
+    def _read_chunk(self) -> bool:
+        try:
+            index, first, lines = next(self._chunks)
+        except StopIteration:
+            return False
+        output, samples = self._prepare(index, first, lines)
+        self.opened[index] = output
+        self._ahead.extend(samples)
+        return True
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        while not self._ahead:
+            if not self._read_chunk():
+                raise StopIteration
+        sample = self._ahead.popleft()
+        self._note_yielded(self, sample)
+        return sample
+
+    def take_ahead(self, n: int):
+        while len(self._ahead) < n and self._read_chunk():
+            pass
+        return list(self._ahead)[:n]
+
+
+class Translator:
+    """The models, generator and text processing of a fairseq-interactive run."""
+
+    def __init__(self, cfg):
+        from fairseq import checkpoint_utils, tasks, utils
+
+        self.cfg = cfg
+        if cfg.common.seed is not None and not cfg.generation.no_seed_provided:
+            utils.set_torch_seed(cfg.common.seed)
+        self.use_cuda = torch.cuda.is_available() and not cfg.common.cpu
+        self.task = task = tasks.setup_task(cfg.task)
+        overrides = ast.literal_eval(cfg.common_eval.model_overrides)
+        self.models, _ = checkpoint_utils.load_model_ensemble(
+            utils.split_paths(cfg.common_eval.path), arg_overrides=overrides, task=task,
+            suffix=cfg.checkpoint.checkpoint_suffix, strict=(cfg.checkpoint.checkpoint_shard_count == 1),
+            num_shards=cfg.checkpoint.checkpoint_shard_count)
+        for model in self.models:
+            if cfg.common.fp16:
+                model.half()
+            if self.use_cuda:
+                model.cuda()
+            model.prepare_for_inference_(cfg)
+        self.generator = task.build_generator(self.models, cfg.generation)
+        self.tokenizer, self.bpe = task.build_tokenizer(cfg.tokenizer), task.build_bpe(cfg.bpe)
+        self.align_dict = utils.load_align_dict(cfg.generation.replace_unk)
+        self.max_positions = utils.resolve_max_positions(task.max_positions(),
+                                                         *[m.max_positions() for m in self.models])
+        from fairseq_cli.generate import get_symbols_to_strip_from_output
+
+        self.strip = get_symbols_to_strip_from_output(self.generator)
+
+    def encode(self, line: str) -> str:
+        if self.tokenizer is not None:
+            line = self.tokenizer.encode(line)
+        return self.bpe.encode(line) if self.bpe is not None else line
+
+    def decode(self, text: str) -> str:
+        if self.bpe is not None:
+            text = self.bpe.decode(text)
+        return self.tokenizer.decode(text) if self.tokenizer is not None else text
+
+    def source_limit(self) -> int:
+        limit = self.max_positions[0] if isinstance(self.max_positions, (tuple, list)) else self.max_positions
+        limit = limit if limit is not None else sys.maxsize
+        max_tokens = self.cfg.dataset.max_tokens
+        return min(limit, max_tokens) if max_tokens else limit
+
+    def prepare(self, index: int, first: int, lines: List[str], path: str):
+        """A chunk: its output (empty for empty lines and lines too long) and
+        the batches of its other lines."""
+        from fairseq.tasks import FairseqTask
+
+        output = ChunkOutput(index, first, len(lines))
+        kept = [i for i, line in enumerate(lines) if line]
+        tokens, lengths = self.task.get_interactive_tokens_and_lengths([lines[i] for i in kept], self.encode)
+        limit, fitting = self.source_limit(), []
+        for i, n in zip(kept, lengths):
+            if n > limit:
+                print(f"fairseq-hardattn: warning: {path} line {first + i + 1} has {n} tokens, more than "
+                      f"the model takes ({limit}): its output line is empty", file=sys.stderr, flush=True)
+            else:
+                fitting.append(i)
+        for i in set(range(len(lines))) - set(fitting):
+            output.fill(first + i, "")
+        if not fitting:
+            return output, []
+        position = {i: p for p, i in enumerate(kept)}
+        dataset = self.task.build_dataset_for_inference([tokens[position[i]] for i in fitting],
+                                                        [lengths[position[i]] for i in fitting])
+        # the class's method: the engine reads ahead from CorpusBatches, across chunks
+        batches = FairseqTask.get_batch_iterator(
+            self.task, dataset=dataset, max_tokens=self.cfg.dataset.max_tokens,
+            max_sentences=self.cfg.dataset.batch_size, max_positions=self.max_positions,
+            disable_iterator_cache=True).next_epoch_itr(shuffle=False)
+        line_of = torch.tensor([first + i for i in fitting])
+        samples = []
+        for sample in batches:
+            sample["id"] = line_of[sample["id"]]
+            samples.append(sample)
+        return output, samples
+
+    def texts(self, sample, translations) -> List[str]:
+        from fairseq import utils
+
+        found = []
+        for row, hypotheses in enumerate(translations):
+            source = ""
+            if self.align_dict is not None:
+                tokens = utils.strip_pad(sample["net_input"]["src_tokens"][row], self.task.target_dictionary.pad())
+                source = self.task.source_dictionary.string(tokens, self.cfg.common_eval.post_process)
+            best = hypotheses[0]
+            _, text, _ = utils.post_process_prediction(
+                hypo_tokens=best["tokens"].int().cpu(), src_str=source, alignment=best["alignment"],
+                align_dict=self.align_dict, tgt_dict=self.task.target_dictionary,
+                remove_bpe=self.cfg.common_eval.post_process, extra_symbols_to_ignore=self.strip)
+            found.append(self.decode(text).replace("\n", " "))
+        return found
+
+    def translate(self, sample):
+        from fairseq import utils
+
+        if self.use_cuda:
+            sample = utils.move_to_cuda(sample)
+        return self.task.inference_step(self.generator, self.models, sample)
+
+
+def run(args, cfg):
+    rank, world = input_lines.launcher_rank()
+    label = "translate" if world == 1 else f"translate, rank {rank} of {world}"
+    parts = Parts(Path(args.output))
+    parts.start(command_identity(args, cfg), rank, args.overwrite)
+    total = input_lines.count_lines(args.input)
+    chunk_lines = args.buffer_size
+    chunks = -(-total // chunk_lines)
+    mine = [index for index in range(chunks) if index % world == rank]
+    if args.merge:
+        missing = parts.missing(chunks)
+        if missing:
+            raise ConfigError(f"--merge: {len(missing)} of {chunks} chunks are not done yet (the first: "
+                              f"lines {missing[0] * chunk_lines + 1}-{min(total, (missing[0] + 1) * chunk_lines)}); "
+                              f"run the command (or its ranks) again to finish them")
+        parts.merge(chunks, force=True)
+        print(f"fairseq-hardattn: wrote {args.output} ({total:,} lines)", file=sys.stderr, flush=True)
+        return
+    lines_of = [min(chunk_lines, total - index * chunk_lines) for index in mine]
+    todo = {index for index in mine if not parts.done(index)}
+    progress = Progress(sum(lines_of), sum(n for index, n in zip(mine, lines_of) if index not in todo),
+                        args.progress_seconds, not args.no_progress_bar, label)
+    if todo:
+        translator = Translator(cfg)
+        batches = CorpusBatches(input_lines.chunks(args.input, chunk_lines, todo.__contains__),
+                                lambda index, first, lines: translator.prepare(index, first, lines, args.input))
+        for sample in itertools.chain(batches, [None]):  # (None: chunks with nothing to decode, read last)
+            if sample is not None:
+                texts = translator.texts(sample, translator.translate(sample))
+                for line, text in zip(sample["id"].tolist(), texts):
+                    batches.opened[line // chunk_lines].fill(line, text)
+            for done in [chunk for chunk in batches.opened.values() if chunk.remaining == 0]:
+                parts.commit(done.index, done.texts)
+                del batches.opened[done.index]
+                progress.update(len(done.texts))
+    progress.close()
+    if parts.missing(chunks):
+        print(f"fairseq-hardattn: {label}: done; {args.output} is assembled when every rank is done "
+              f"(by the last, or by --merge)", file=sys.stderr, flush=True)
+    elif parts.merge(chunks):
+        print(f"fairseq-hardattn: wrote {args.output} ({total:,} lines)", file=sys.stderr, flush=True)
+
+
+def main(argv=None):
+    from .. import compat
+
+    compat.install_for_command_line()  # one-line errors, signals, fairseq's fixes
+    logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
+                        level=os.environ.get("LOGLEVEL", "INFO").upper(), stream=sys.stderr)
+    args, cfg = parse(sys.argv[1:] if argv is None else argv)
+    run(args, cfg)
