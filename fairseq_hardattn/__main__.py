@@ -4,7 +4,9 @@ fairseq's ``--user-dir`` from any working directory::
     fairseq-train data-bin --user-dir "$(python -m fairseq_hardattn)" ...
 
 ``python -m fairseq_hardattn translate DATA_BIN --path CKPT --input FILE
---output FILE ...`` translates a text file (``corpus``; docs/corpus.md).
+--output FILE ...`` translates a text file (``corpus``; docs/corpus.md);
+``python -m fairseq_hardattn shortlist DATA_BIN -o FILE`` makes a vocabulary
+shortlist's table (``tools/shortlist_table.py``).
 """
 
 import argparse
@@ -12,7 +14,9 @@ import sys
 
 from . import USER_DIR
 
-COMMANDS = {"translate": "translate a text file line by line, resumable (docs/corpus.md)"}
+COMMANDS = {"translate": "translate a text file line by line, resumable (docs/corpus.md)",
+            "shortlist": "a vocabulary shortlist's table from a binarized training set "
+                         "(docs/decoding_engine.md)"}
 
 
 def version() -> str:
@@ -44,6 +48,12 @@ def main(argv):
         from .corpus.command import main as translate
 
         return translate(argv[1:])
+    if argv and argv[0] == "shortlist":
+        from . import compat
+        from .tools.shortlist_table import main as shortlist
+
+        compat.install_for_command_line()  # one-line errors
+        return shortlist(argv[1:])
     if build_parser().parse_args(argv).install_startup_hook:
         from .startup_hook import install
 

@@ -22,29 +22,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def tree(pid):
-    pids = [pid]
-    try:
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                for child in f.read().split():
-                    pids += tree(int(child))
-    except OSError:
-        pass
-    return pids
-
-
-def pss_mb(pid) -> float:
-    total = 0
-    for p in tree(pid):
-        try:
-            with open(f"/proc/{p}/smaps_rollup") as f:
-                total += next(int(line.split()[1]) for line in f if line.startswith("Pss:"))
-        except (OSError, StopIteration):
-            pass
-    return total / 1024
+from fairseq_hardattn.tools.process_memory import tree_pss_mb as pss_mb  # noqa: E402
 
 
 # random sentences make a model loop to its length limit: this one keeps runs short

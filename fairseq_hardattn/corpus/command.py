@@ -121,6 +121,7 @@ def command_identity(args, cfg) -> Dict:
         "bpe": OmegaConf.to_container(cfg.bpe, resolve=True) if cfg.bpe else None,
         "post_process": cfg.common_eval.post_process,
         "model_overrides": repr(sorted(overrides.items())),
+        "shortlist": file_identity(overrides["shortlist"]) if overrides.get("shortlist") else None,
         "batching": [args.buffer_size, args.max_tokens, args.batch_size],
         "seed": cfg.common.seed,
     }

@@ -25,7 +25,9 @@ from ..errors import ConfigError
 from ..modules import decoding_step
 from . import engines, fixed_shape_step, read_ahead
 from .beam_search import PluginBeamSearch, PluginBeamSearchWithAlignment, fallback_reason
+from .bf16 import check_bf16_decoding, to_bf16_for_decoding
 from .int8 import check_int8_decoding, quantize_for_decoding
+from .shortlist import Shortlist
 from .workers import import_what_the_first_batch_imports
 
 logger = logging.getLogger(__name__)
@@ -49,7 +51,20 @@ def on_cuda(models) -> bool:
 
 def generator_class(models, args, extra_gen_cls_kwargs=None, prefix_allowed_tokens_fn=None):
     """(the generator class, its extra keyword arguments) for ``models`` and
-    the generation options ``args``, or None for fairseq's choice."""
+    the generation options ``args``, or None for fairseq's choice. A model
+    with a shortlist decodes with the plugin's search, or not at all."""
+    chosen = _generator_class(models, args, extra_gen_cls_kwargs, prefix_allowed_tokens_fn)
+    shortlisted = [m for m in models if getattr(m, "shortlist", None) is not None]
+    if shortlisted and (chosen is None or len(shortlisted) != len(models)):
+        raise ConfigError("a shortlist decodes with the plugin's search only (every model of an ensemble "
+                          "with one), which these options do not run: "
+                          f"{fallback_reason(models, args, extra_gen_cls_kwargs, prefix_allowed_tokens_fn) or 'the engine, or --score-reference'}")
+    if shortlisted and getattr(args, "no_repeat_ngram_size", 0) > 0:
+        raise ConfigError("a shortlist and --no-repeat-ngram-size exclude each other: choose one")
+    return chosen
+
+
+def _generator_class(models, args, extra_gen_cls_kwargs=None, prefix_allowed_tokens_fn=None):
     if getattr(args, "score_reference", False) or not wants_plugin_search(models):
         return None
     if on_cuda(models) and any(engines.cuda_auto_is_fairseqs(engine_of(m)) for m in models):
@@ -118,13 +133,20 @@ class Engine:
             attach_to_task(task)
 
     def prepare_for_inference(self, model, cfg):
-        """int8 Linear layers where the model's options ask for them
-        (``--int8-decoding``), and what the first batch would import, imported
-        now."""
+        """int8 or bfloat16 Linear layers and a shortlist where the model's
+        options ask for them (``int8_decoding``, ``bf16_decoding``,
+        ``shortlist``), and what the first batch would import, imported now."""
         import_what_the_first_batch_imports()
         if getattr(model.args, "int8_decoding", False):
             check_int8_decoding(model, cfg)
             quantize_for_decoding(model)
+        if getattr(model.args, "bf16_decoding", False):
+            check_bf16_decoding(model, cfg)
+            to_bf16_for_decoding(model)
+        path = getattr(model.args, "shortlist", None)
+        if path and getattr(model, "shortlist", None) is None:
+            model.shortlist = Shortlist.load(path, model.encoder.dictionary, model.decoder.dictionary,
+                                             getattr(model.args, "shortlist_k", None))
 
 
 ENGINE = Engine()

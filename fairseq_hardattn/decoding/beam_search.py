@@ -46,6 +46,7 @@ from .lineage import Lineage
 from .packed_linear import packed_linears
 from .read_ahead import sentence_ids
 from .sampling import SentenceDraws
+from .shortlist import restricted_projection
 from .workers import ParallelBatches
 
 
@@ -93,8 +94,13 @@ class PluginBeamSearch(ParallelBatches, SequenceGenerator):
         else:
             src_lengths = (src_tokens.ne(self.eos) & src_tokens.ne(self.pad)).long().sum(dim=1)
         bsz, src_len = src_tokens.size()[:2]
-        beam, vocab = self.beam_size, self.vocab_size
+        beam = self.beam_size
         device = src_tokens.device
+        # the logits' columns: every target token, or the batch's shortlist (decoding/shortlist.py)
+        shortlist = getattr(self.model.models[0], "shortlist", None)
+        columns = None if shortlist is None else shortlist.candidates(src_tokens, prefix_tokens, self.pad)
+        vocab = self.vocab_size if columns is None else len(columns)
+        pad, unk, eos = self._special_columns_of(columns)
         if self.match_source_len:
             max_len = int(src_lengths.max())
         else:
@@ -103,7 +109,7 @@ class PluginBeamSearch(ParallelBatches, SequenceGenerator):
 
         expand = torch.arange(bsz, device=device).repeat_interleave(beam)
         for step_logits in steps:  # each model's encoder output, caches and lineage
-            step_logits.start(net_input, expand, bsz * beam, max_len + 1)
+            step_logits.start(net_input, expand, bsz * beam, max_len + 1, columns)
         # the first step's hypotheses of a sentence are all the same: on a CPU it
         # decodes one per sentence, and the first reorder makes the beams
         one_per_sentence = (all(s.lineage is not None for s in steps) and beam > 1
@@ -167,22 +173,23 @@ class PluginBeamSearch(ParallelBatches, SequenceGenerator):
             if (step < max_len and not forcing and self.repeat_ngram_blocker is None and candidates
                     and kernels.can_run_beam_candidates(logits)):
                 # one C call: the normaliser and the candidates, the special columns adjusted
-                columns, adds = self._special_columns[step < self.min_len]
-                top, top_tokens, normaliser = kernels.beam_candidates(logits, columns, adds, candidates)
+                special, adds = self._kernel_columns(pad, unk, eos)[step < self.min_len]
+                top, top_tokens, normaliser = kernels.beam_candidates(logits, special, adds, candidates)
             else:
                 normaliser = torch.logsumexp(logits, dim=1, keepdim=True)
                 # the special columns, on the logits (the normaliser already has them)
-                logits[:, self.pad] = -math.inf
+                if pad is not None:
+                    logits[:, pad] = -math.inf
                 if self.unk_penalty:
-                    logits[:, self.unk] -= self.unk_penalty
+                    logits[:, unk] -= self.unk_penalty
                 if step >= max_len:
-                    logits[:, :self.eos] = -math.inf
-                    logits[:, self.eos + 1:] = -math.inf
+                    logits[:, :eos] = -math.inf
+                    logits[:, eos + 1:] = -math.inf
                 if forcing:
                     logits, scores = self._force_prefix(step, logits, scores, tokens, prefix_tokens,
-                                                        step_scores, step_parents, step_tokens)
+                                                        step_scores, step_parents, step_tokens, columns)
                 elif step < self.min_len:
-                    logits[:, self.eos] = -math.inf
+                    logits[:, eos] = -math.inf
                 if self.repeat_ngram_blocker is not None:
                     logits = self.repeat_ngram_blocker(tokens, logits, bsz, beam, step)
                 if draws is not None:  # every token's log-probability
@@ -212,6 +219,8 @@ class PluginBeamSearch(ParallelBatches, SequenceGenerator):
                 cand_beams = torch.div(picked, candidates, rounding_mode="trunc")
                 cand_tokens = top_tokens.view(bsz, beam * candidates).gather(1, picked)
 
+            if columns is not None:  # the shortlist's columns -> tokens
+                cand_tokens = columns[cand_tokens]
             # hypotheses ending with EOS among each sentence's best `beam`: finished
             eos_mask = cand_tokens.eq(self.eos) & sentence_scores.ne(-math.inf)
             if ignored is not None:  # samples that ended before end no more
@@ -272,18 +281,27 @@ class PluginBeamSearch(ParallelBatches, SequenceGenerator):
                 sentence[:] = [sentence[i] for i in torch.sort(by_score, descending=True)[1]]
         return finalized
 
-    @property
-    def _special_columns(self):
+    def _special_columns_of(self, columns: Optional[Tensor]):
+        """The logits' columns of pad, unk and EOS: their ids, or with a
+        shortlist their places in it (pad: None, never a candidate)."""
+        if columns is None:
+            return self.pad, self.unk, self.eos
+        place = {int(token): i for i, token in enumerate(columns.tolist())
+                 if token in (self.pad, self.unk, self.eos)}
+        return place.get(self.pad), place[self.unk], place[self.eos]
+
+    def _kernel_columns(self, pad: Optional[int], unk: int, eos: int):
         """(columns, adds) of the C kernel, without and with EOS blocked
         (before min_len): pad never chosen (NaN), unk with its penalty."""
-        if not hasattr(self, "_specials"):
-            columns = [self.pad, self.unk]
-            adds = [math.nan, -float(self.unk_penalty)]
-            self._specials = tuple(
-                (torch.tensor(columns + [self.eos] * eos_blocked, dtype=torch.long),
+        specials = self.__dict__.setdefault("_specials", {})
+        if (pad, unk, eos) not in specials:
+            columns = [unk] + ([pad] if pad is not None else [])
+            adds = [-float(self.unk_penalty)] + ([math.nan] if pad is not None else [])
+            specials[pad, unk, eos] = tuple(
+                (torch.tensor(columns + [eos] * eos_blocked, dtype=torch.long),
                  torch.tensor(adds + [math.nan] * eos_blocked, dtype=torch.float32))
                 for eos_blocked in (False, True))
-        return self._specials
+        return specials[pad, unk, eos]
 
     def _finalize(self, step, ending, cand_beams, sentence_scores, step_tokens, step_scores,
                   step_parents, finalized, sentences, max_len) -> List[int]:
@@ -322,15 +340,17 @@ class PluginBeamSearch(ParallelBatches, SequenceGenerator):
         return newly_finished
 
     def _force_prefix(self, step, logits, scores, tokens, prefix_tokens, step_scores, step_parents,
-                      step_tokens):
+                      step_tokens, columns=None):
         """fairseq's ``_prefix_tokens`` on the logits: a row whose sentence
-        has a prefix token at this step can only continue with it."""
+        has a prefix token at this step can only continue with it (its
+        column: its id, or its place in the shortlist ``columns``)."""
         beam = self.beam_size
         forced = prefix_tokens[:, step].repeat_interleave(beam)
-        kept = logits.gather(1, forced.unsqueeze(1))
         mask = forced.ne(self.pad)
+        column = forced if columns is None else torch.searchsorted(columns, forced).clamp_(max=len(columns) - 1)
+        kept = logits.gather(1, column.unsqueeze(1))
         logits[mask] = -math.inf
-        logits[mask] = logits[mask].scatter(1, forced[mask].unsqueeze(1), kept[mask])
+        logits[mask] = logits[mask].scatter(1, column[mask].unsqueeze(1), kept[mask])
         eos = forced.eq(self.eos)
         if bool(eos.any()):
             # a prefix that ends here: every hypothesis of the sentence becomes its first one
@@ -364,10 +384,14 @@ class StepLogits:
         self.buffer = None  # every step's logits (a fresh one each step costs its page faults)
         self.incremental_state: Dict[str, Dict[str, Optional[Tensor]]] = {}
         self.lineage = None
+        self.shortlisted = None  # the logits of a shortlist's columns, from the features
 
-    def start(self, net_input, expand: Tensor, rows: int, capacity: int):
+    def start(self, net_input, expand: Tensor, rows: int, capacity: int, columns: Optional[Tensor] = None):
         """Encode the sources; on a CPU, self-attention caches that are never
-        reordered (their ancestors are: ``Lineage``)."""
+        reordered (their ancestors are: ``Lineage``); the output projection
+        to the shortlist ``columns`` where there is one."""
+        if columns is not None:
+            self.shortlisted = restricted_projection(self.decoder.output_projection, columns)
         encoder = self.model.encoder
         self.sentence_encoder_out = encoder.forward_torchscript(net_input)
         self.encoder_out = encoder.reorder_encoder_out(self.sentence_encoder_out, expand)
@@ -393,6 +417,9 @@ class StepLogits:
     def __call__(self, prefix, one_per_sentence: bool) -> Tensor:
         decoder, incremental_state = self.decoder, self.incremental_state
         encoder_out = self.sentence_encoder_out if one_per_sentence else self.encoder_out
+        if self.shortlisted is not None:
+            return self.shortlisted(decoder(prefix, encoder_out=encoder_out, incremental_state=incremental_state,
+                                            features_only=True)[0][:, -1, :])
         projection = getattr(decoder, "output_projection", None)
         # --int8-decoding's int8 Linear, or oneDNN's packed one: on the features as one matrix
         own_kernel = (isinstance(projection, torch.ao.nn.quantized.dynamic.Linear)

@@ -117,3 +117,29 @@ def quantize_for_decoding(model):
                 "%s (the output projection for %s)", layers, layers_engine, output_projection_engine)
     keep_large_blocks_in_the_heap()
     return model
+
+
+def int8_rows(layer, rows: torch.Tensor):
+    """A dynamic int8 Linear of ``layer``'s output ``rows`` only (a
+    shortlist's tokens): the same int8 weights and quantization, packed for
+    the engine ``layer`` was packed for (``quantize_for_decoding``)."""
+    weight, bias = layer.weight(), layer.bias()
+    rows = rows.to(weight.device)
+    sliced = torch.quantize_per_tensor(weight.dequantize().index_select(0, rows), weight.q_scale(),
+                                       weight.q_zero_point(), torch.qint8) \
+        if weight.qscheme() == torch.per_tensor_affine else \
+        torch.quantize_per_channel(weight.dequantize().index_select(0, rows),
+                                   weight.q_per_channel_scales().index_select(0, rows),
+                                   weight.q_per_channel_zero_points().index_select(0, rows), 0, torch.qint8)
+    sub = torch.ao.nn.quantized.dynamic.Linear(weight.size(1), len(rows), dtype=torch.qint8)
+    _, output_projection_engine = packing_engines()
+    previous_engine = torch.backends.quantized.engine
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"torch\.quantize_per_tensor", category=UserWarning)
+        warnings.filterwarnings("ignore", message=r".*torchao", category=UserWarning)
+        torch.backends.quantized.engine = output_projection_engine
+        try:
+            sub.set_weight_bias(sliced, None if bias is None else bias.index_select(0, rows))
+        finally:
+            torch.backends.quantized.engine = previous_engine
+    return sub

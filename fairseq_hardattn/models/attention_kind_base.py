@@ -306,6 +306,18 @@ class AttentionKindTransformerModel(ClearCheckpointErrors, TransformerModel):
                             help="decode with int8 Linear layers (PyTorch's dynamic quantization, "
                                  "CPU only); a decoding-time --model-overrides key or hub "
                                  "argument (int8_decoding=True)")
+        parser.add_argument("--bf16-decoding", action="store_true",
+                            help="decode with bfloat16 Linear layers (oneDNN's kernels; CPUs with AMX or "
+                                 "AVX512-BF16 only); a decoding-time --model-overrides key or hub argument "
+                                 "(bf16_decoding=True)")
+        parser.add_argument("--shortlist", metavar="FILE",
+                            help="decode each batch over a vocabulary shortlist: FILE, a table of each source "
+                                 "token's candidate target tokens in CTranslate2's vocabulary map format "
+                                 "(python -m fairseq_hardattn shortlist makes one); a decoding-time "
+                                 "--model-overrides key or hub argument (shortlist='vmap.txt')")
+        parser.add_argument("--shortlist-k", type=int, metavar="K",
+                            help="with --shortlist: each source token's K best candidates (default: all the "
+                                 "table holds)")
         parser.add_argument("--decoding-workers", metavar="N",
                             help="batches decoded at once on a CPU, each in a worker process of "
                                  "one thread sharing the model's weights: 'auto' (the default: "
@@ -326,6 +338,10 @@ class AttentionKindTransformerModel(ClearCheckpointErrors, TransformerModel):
         """Raise ``ConfigError`` for options no model of this family can build."""
         args.decoding_engine = check_engine(args.decoding_engine)
         args.decoding_workers = check_workers(args.decoding_workers)
+        if getattr(args, "shortlist_k", None) is not None and not getattr(args, "shortlist", None):
+            raise ConfigError(f"--shortlist-k {args.shortlist_k} needs --shortlist FILE")
+        if getattr(args, "shortlist_k", None) is not None and args.shortlist_k < 1:
+            raise ConfigError(f"--shortlist-k must be at least 1, got {args.shortlist_k}")
         if args.hard_anneal_updates < 0:
             raise ConfigError(f"--hard-anneal-updates must be >= 0, got {args.hard_anneal_updates}")
         topk = [option for option in ATTENTION_KIND_OPTIONS if getattr(args, option, None) == "topk"]
@@ -431,8 +447,8 @@ def base_architecture(args):
     """Transformer Base dims; every kind soft unless an option says otherwise."""
     set_defaults(args, **{option: "soft" for option in ATTENTION_KIND_OPTIONS})
     set_defaults(args, hard_train_retrieval="sample", hard_anneal_updates=0,
-                 decoding_engine="auto", retrieval_k=None, int8_decoding=False,
-                 decoding_workers="auto")  # k: only where a kind is topk
+                 decoding_engine="auto", retrieval_k=None, int8_decoding=False, bf16_decoding=False,
+                 shortlist=None, shortlist_k=None, decoding_workers="auto")  # k: only where a kind is topk
     fairseq_base_architecture(args)
 
 

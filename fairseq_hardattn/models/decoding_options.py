@@ -18,8 +18,8 @@ AUTO = "auto"
 
 # the options a checkpoint may be decoded with other than it was trained
 # (fairseq-generate --help lists them)
-DECODING_OPTIONS = ("decoding_engine", "int8_decoding", "decoding_workers", "dec_self_attn_kind",
-                    "dec_cross_attn_kind", "retrieval_k")
+DECODING_OPTIONS = ("decoding_engine", "int8_decoding", "bf16_decoding", "shortlist", "shortlist_k",
+                    "decoding_workers", "dec_self_attn_kind", "dec_cross_attn_kind", "retrieval_k")
 
 
 def check_engine(value) -> str:
