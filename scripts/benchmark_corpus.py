@@ -201,7 +201,7 @@ def run(argv, stdout_path, progress=lambda: None, kill_after=None):
     stdout = open(stdout_path, "w") if stdout_path else subprocess.DEVNULL
     began = time.monotonic()
     process = subprocess.Popen(argv, stdout=stdout, stderr=subprocess.PIPE, text=True, env=env)
-    sampler = MemorySampler(process.pid, 0.5, progress)
+    sampler = MemorySampler(process.pid, 2.0, progress)
     sampler.start()
     try:
         _, error = process.communicate(timeout=kill_after)
@@ -241,13 +241,17 @@ def main(argv=None):
     work.mkdir(parents=True, exist_ok=True)
     caps = {k: int(v) for k, v in (item.split("=", 1) for item in args.lines_of)}
     model, cfg, task = load(args.data, args.path)
-    models = [("trained", args.path, ct2_model(model, task, work / "ct2-trained"), 0, args.lines)]
+    with_ct2 = any(system.startswith("ct2") for system in args.systems)
+
+    def converted(weights, name):  # CTranslate2's copy, where a system needs it
+        return ct2_model(weights, task, work / f"ct2-{name}") if with_ct2 else None
+
+    models = [("trained", args.path, converted(model, "trained"), 0, args.lines)]
     for i, dims in enumerate(args.random):
         checkpoint = work / f"random-{dims}.pt"
         random_model = random_checkpoint(cfg, task, dims, checkpoint)
         lines = args.random_lines[i] if i < len(args.random_lines) else args.lines
-        models.append((f"random {dims}", checkpoint, ct2_model(random_model, task, work / f"ct2-{dims}"),
-                       args.random_length, lines))
+        models.append((f"random {dims}", checkpoint, converted(random_model, dims), args.random_length, lines))
     corpus_lines = max(m[4] for m in models)
     full = work / "corpus.src"
     make_corpus(args.text, corpus_lines, full)

@@ -11,6 +11,13 @@ systems alternated, the median of --reps kept. Rates: fairseq-generate's own
 "Translated N sentences ... in T s" (decoding only); CTranslate2's wall time
 for the same sentences. Needs ctranslate2 (pip install -e .[bench]).
 
+With ``--text`` the sources are real sentences (a BPE'd text file, its
+tokens from ``--dictionary``, the dictionary padded with unused symbols to
+``--vocab``), so that a vocabulary shortlist sees a real batch's tokens; with
+``--shortlist`` (a table in CTranslate2's vocabulary map format, e.g. from
+``python -m fairseq_hardattn shortlist``) the engine also decodes over it and
+CTranslate2 with the same file as its vocabulary map (``use_vmap``).
+
 Example: scripts/benchmark_generate_cores.py --dims small --reps 3 --markdown results/speed_generate_cores.md
 """
 
@@ -18,6 +25,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -39,6 +47,12 @@ def parse_args(argv=None):
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--vocab", type=int, default=10000)
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--text", help="sources: a BPE'd text file (default: random words)")
+    p.add_argument("--dictionary", help="with --text: its dictionary (fairseq's dict.LANG.txt)")
+    p.add_argument("--shortlist", help="a shortlist table (vmap) in --dictionary's tokens")
+    p.add_argument("--shortlist-k", type=int, default=None, help="the engine's shortlist_k")
+    p.add_argument("--bf16", action="store_true", help="also the engine with bfloat16 Linear layers")
+    p.add_argument("--systems", default=None, help="a regular expression: only the systems it finds")
     p.add_argument("--cores", type=int, default=os.cpu_count())
     p.add_argument("--json", help="write the rates here")
     p.add_argument("--markdown", help="write the table here")
@@ -55,15 +69,20 @@ def checkpoint_and_data(args, work):
 
     import fairseq_hardattn  # noqa: F401  (torch >= 2.6 reads fairseq checkpoints)
 
-    dictionary = Dictionary()
-    for i in range(args.vocab - 4):
+    dictionary = Dictionary.load(args.dictionary) if args.text else Dictionary()
+    for i in range(args.vocab - len(dictionary)):
         dictionary.add_symbol(f"w{i}")
-    rows = torch.randint(dictionary.nspecial, len(dictionary), (args.sentences, args.len),
-                         generator=torch.Generator().manual_seed(1))
+    if args.text:
+        with open(args.text, encoding="utf-8") as f:
+            rows = [line.split() for line in f.read().splitlines()[:args.sentences]]
+    else:
+        rows = [[dictionary[int(t)] for t in row] for row in torch.randint(
+            dictionary.nspecial, len(dictionary), (args.sentences, args.len),
+            generator=torch.Generator().manual_seed(1))]
     for lang in ("src", "tgt"):
         dictionary.save(os.path.join(work, f"dict.{lang}.txt"))
         with open(os.path.join(work, f"test.{lang}"), "w") as f:
-            f.writelines(" ".join(dictionary[int(t)] for t in row) + "\n" for row in rows)
+            f.writelines(" ".join(row) + "\n" for row in rows)
     subprocess.run([os.path.join(os.path.dirname(sys.executable), "fairseq-preprocess"), "-s", "src",
                     "-t", "tgt", "--testpref", f"{work}/test", "--srcdict", f"{work}/dict.src.txt",
                     "--tgtdict", f"{work}/dict.tgt.txt", "--destdir", f"{work}/bin", "--workers", "1"],
@@ -84,7 +103,7 @@ def checkpoint_and_data(args, work):
     state["cfg"] = OmegaConf.to_container(state["cfg"], resolve=True)
     state.pop("args", None)
     torch.save(state, os.path.join(work, "model.pt"))
-    return older, [[dictionary[int(t)] for t in row] for row in rows]
+    return older, rows
 
 
 def generate_rate(args, work, overrides=None, threads=None):
@@ -110,7 +129,8 @@ directory, compute_type, inter, intra, batch, steps = sys.argv[1:7]
 words = [line.split() for line in open(sys.argv[7])]
 translator = ctranslate2.Translator(directory, device="cpu", compute_type=compute_type,
                                     inter_threads=int(inter), intra_threads=int(intra))
-options = dict(beam_size=4, min_decoding_length=int(steps), max_decoding_length=int(steps), return_end_token=True)
+options = dict(beam_size=4, min_decoding_length=int(steps), max_decoding_length=int(steps), return_end_token=True,
+               use_vmap=sys.argv[8] == "vmap")
 batch = int(batch)
 translator.translate_batch(words[:batch], **options)  # warm-up
 start = time.perf_counter()
@@ -122,11 +142,41 @@ print(len(words) / (time.perf_counter() - start))
 """
 
 
-def ct2_rate(args, work, compute_type, inter, intra):
+def ct2_rate(args, work, compute_type, inter, intra, vmap=False):
     out = subprocess.run([sys.executable, "-c", CT2_RUN, f"{work}/ct2", compute_type, str(inter), str(intra),
-                          str(args.batch), str(args.len + 1), f"{work}/test.src"],
+                          str(args.batch), str(args.len + 1), f"{work}/test.src", "vmap" if vmap else "-"],
                          capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])
+
+
+def summary(median, cores):
+    """The ratios that the medians allow: one core to all, the engine to
+    CTranslate2's best configuration, a shortlist to the exact engine."""
+    def ratio(a, b):
+        return f"{median[a] / median[b]:.2f}x" if a in median and b in median else None
+
+    def ct2_best(prefix, threads):
+        found = [n for n in median if n.startswith(prefix) and ("1 thread" in n) == (threads == 1)
+                 and ("vmap" in n) == ("vmap" in prefix)]
+        return max(found, key=median.get) if found else None
+
+    found = []
+    for name, ct2 in (("fp32", "CT2 float32 "), ("int8", "CT2 int8 "), ("int8 + shortlist", "CT2 int8 + vmap")):
+        for threads, suffix in ((cores, ""), (1, ", 1 thread")):
+            engine, peer = f"engine {name}{suffix}", ct2_best(ct2, threads)
+            if peer and ratio(engine, peer):
+                found.append(f"- {engine} / {peer}: {ratio(engine, peer)}")
+    for suffix in ("", ", 1 thread"):
+        if ratio(f"engine bf16{suffix}", f"engine fp32{suffix}"):
+            found.append(f"- engine bf16{suffix} / engine fp32{suffix}: {ratio(f'engine bf16{suffix}', f'engine fp32{suffix}')}")
+    for name in ("fp32", "int8"):
+        for suffix in ("", ", 1 thread"):
+            if ratio(f"engine {name} + shortlist{suffix}", f"engine {name}{suffix}"):
+                found.append(f"- engine {name} + shortlist{suffix} / engine {name}{suffix}: "
+                             f"{ratio(f'engine {name} + shortlist{suffix}', f'engine {name}{suffix}')}")
+        if ratio(f"engine {name}", f"engine {name}, 1 thread"):
+            found.append(f"- engine {name}, 1 -> {cores} cores: {ratio(f'engine {name}', f'engine {name}, 1 thread')}")
+    return found
 
 
 def main(argv=None):
@@ -151,6 +201,23 @@ def main(argv=None):
         systems[f"CT2 {ct} intra {cores}"] = lambda ct=ct: ct2_rate(args, work, ct, 1, cores)
         systems[f"CT2 {ct} inter {cores} x intra 1"] = lambda ct=ct: ct2_rate(args, work, ct, cores, 1)
         systems[f"CT2 {ct} 1 thread"] = lambda ct=ct: ct2_rate(args, work, ct, 1, 1)
+    if args.bf16:  # bfloat16 Linear layers (CPUs with AMX or AVX512-BF16)
+        bf16 = "{'decoding_engine': 'auto', 'bf16_decoding': True}"
+        systems["engine bf16"] = lambda: generate_rate(args, work, bf16)
+        systems["engine bf16, 1 thread"] = lambda: generate_rate(args, work, bf16, threads=1)
+    if args.shortlist:  # the same table: the engine's shortlist, CTranslate2's vocabulary map
+        shutil.copy(args.shortlist, f"{work}/ct2/vmap.txt")
+        k = f", 'shortlist_k': {args.shortlist_k}" if args.shortlist_k else ""
+        listed = f"'shortlist': '{os.path.abspath(args.shortlist)}'{k}"
+        for name, precision in (("fp32", ""), ("int8", ", 'int8_decoding': True")):
+            overrides = f"{{'decoding_engine': 'auto'{precision}, {listed}}}"
+            systems[f"engine {name} + shortlist"] = lambda o=overrides: generate_rate(args, work, o)
+            systems[f"engine {name} + shortlist, 1 thread"] = lambda o=overrides: generate_rate(args, work, o, 1)
+        systems[f"CT2 int8 + vmap intra {cores}"] = lambda: ct2_rate(args, work, "int8", 1, cores, True)
+        systems[f"CT2 int8 + vmap inter {cores} x intra 1"] = lambda: ct2_rate(args, work, "int8", cores, 1, True)
+        systems["CT2 int8 + vmap 1 thread"] = lambda: ct2_rate(args, work, "int8", 1, 1, True)
+    if args.systems:
+        systems = {name: run for name, run in systems.items() if re.search(args.systems, name)}
     rates = {name: [] for name in systems}
     for rep in range(args.reps):
         for name, run in systems.items():
@@ -158,19 +225,16 @@ def main(argv=None):
             print(f"[benchmark_generate_cores] rep {rep + 1}/{args.reps} {name}: {rates[name][-1]:.1f} sent/s",
                   file=sys.stderr, flush=True)
     median = {name: statistics.median(values) for name, values in rates.items()}
-    best = {ct: max(v for n, v in median.items() if n.startswith(f"CT2 {ct}") and "1 thread" not in n)
-            for ct in ("float32", "int8")}
     import ctranslate2
     import torch
 
-    lines = [f"dims={args.dims} len={args.len} sentences={args.sentences} batch={args.batch} "
-             f"cores={cores} torch={torch.__version__} ctranslate2={ctranslate2.__version__}", "",
+    lines = [f"dims={args.dims} len={args.len} sentences={args.sentences} batch={args.batch} vocab={args.vocab} "
+             f"cores={cores} text={args.text or 'random'} shortlist={args.shortlist or '-'} "
+             f"shortlist_k={args.shortlist_k or 'all'} torch={torch.__version__} "
+             f"ctranslate2={ctranslate2.__version__}", "",
              "| system | sent/s (median) | runs |", "|---|---|---|"]
     lines += [f"| {n} | {median[n]:.1f} | {', '.join(f'{x:.1f}' for x in rates[n])} |" for n in systems]
-    lines += ["", f"engine 1 -> {cores} cores: fp32 {median['engine fp32'] / median['engine fp32, 1 thread']:.2f}x, "
-              f"int8 {median['engine int8'] / median['engine int8, 1 thread']:.2f}x; "
-              f"engine / CTranslate2's best on {cores} cores: fp32 {median['engine fp32'] / best['float32']:.2f}x, "
-              f"int8 {median['engine int8'] / best['int8']:.2f}x"]
+    lines += ["", *summary(median, cores)]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.markdown:

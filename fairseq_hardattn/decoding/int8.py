@@ -9,6 +9,7 @@ CPU (``packing_engines``).
 Applied when fairseq's tools prepare the model for decoding
 (``prepare_for_inference_``); a quantized model decodes only."""
 
+import contextlib
 import ctypes
 import logging
 import warnings
@@ -82,9 +83,9 @@ def _submodule(model, name: str):
         return None
 
 
-def pack_int8(model, layers, engine: str):
-    """``layers`` of ``model`` (Linear types or submodule names) made dynamic int8
-    Linear layers in place, their weights packed for ``engine``. Packed weights
+@contextlib.contextmanager
+def packing_for(engine: str):
+    """Int8 weights packed within are packed for ``engine``. Packed weights
     keep the engine they were packed for, so the process-wide engine is set
     only while packing and then restored: nothing else in the process changes."""
     previous_engine = torch.backends.quantized.engine
@@ -95,9 +96,16 @@ def pack_int8(model, layers, engine: str):
         warnings.filterwarnings("ignore", message=r".*torchao", category=UserWarning)
         torch.backends.quantized.engine = engine
         try:
-            torch.ao.quantization.quantize_dynamic(model, layers, dtype=torch.qint8, inplace=True)
+            yield
         finally:
             torch.backends.quantized.engine = previous_engine
+
+
+def pack_int8(model, layers, engine: str):
+    """``layers`` of ``model`` (Linear types or submodule names) made dynamic int8
+    Linear layers in place, their weights packed for ``engine``."""
+    with packing_for(engine):
+        torch.ao.quantization.quantize_dynamic(model, layers, dtype=torch.qint8, inplace=True)
     return model
 
 
@@ -132,14 +140,6 @@ def int8_rows(layer, rows: torch.Tensor):
                                    weight.q_per_channel_scales().index_select(0, rows),
                                    weight.q_per_channel_zero_points().index_select(0, rows), 0, torch.qint8)
     sub = torch.ao.nn.quantized.dynamic.Linear(weight.size(1), len(rows), dtype=torch.qint8)
-    _, output_projection_engine = packing_engines()
-    previous_engine = torch.backends.quantized.engine
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"torch\.quantize_per_tensor", category=UserWarning)
-        warnings.filterwarnings("ignore", message=r".*torchao", category=UserWarning)
-        torch.backends.quantized.engine = output_projection_engine
-        try:
-            sub.set_weight_bias(sliced, None if bias is None else bias.index_select(0, rows))
-        finally:
-            torch.backends.quantized.engine = previous_engine
+    with packing_for(packing_engines()[1]):
+        sub.set_weight_bias(sliced, None if bias is None else bias.index_select(0, rows))
     return sub

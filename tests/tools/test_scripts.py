@@ -685,3 +685,29 @@ def test_the_topk_preset_k_is_the_manifests():
     topk = load_manifest().topk
     assert topk.PRESET_K == PRESET_K
     assert topk.PRESET_RUN == topk.topk_run(PRESET_K).name
+
+
+def test_corpus_resume_stops_the_corpus_command_and_counts_nothing_lost(trained_checkpoints, reorder_data, tmp_path):
+    source = tmp_path / "in.txt"
+    lines = (reorder_data.parent / "raw" / "test.src").read_text().splitlines()
+    source.write_text("\n".join(lines[i % len(lines)] for i in range(300)) + "\n")
+    proc = script("corpus_resume.py", "--kills", 2, "--max-delay", 4, "--work-dir", tmp_path / "work", "--",
+                  reorder_data, "--path", trained_checkpoints["soft"], "--source-lang", "src", "--target-lang",
+                  "tgt", "--max-len-b", 20, "--buffer-size", 20, "--input", source)
+    assert "lines that differ, missing or extra: 0; byte for byte the same: True" in proc.stdout
+    assert re.search(r"^wall time: uninterrupted [\d.]+ s, stopped \d+ times", proc.stdout, re.M)
+
+
+def test_decoding_modes_bleu_against_the_exact_engine(trained_checkpoints, reorder_data, tmp_path):
+    table = tmp_path / "vmap.txt"
+    subprocess.run([sys.executable, "-m", "fairseq_hardattn", "shortlist", str(reorder_data), "-o", str(table),
+                    "--k", 4], env=tool_env(), check=True, capture_output=True)
+    out = tmp_path / "modes.md"
+    script("decoding_modes_bleu.py", "--data", reorder_data, "--path", f"hard={trained_checkpoints['hard']}",
+           "--shortlist", table, "--ks", 3, "--no-bf16", "--tok-ref",
+           f"test={reorder_data.parent / 'raw' / 'test.tgt'}", "--markdown", out)
+    text = out.read_text()
+    for mode in ("exact", "int8", "shortlist k=3", "int8 + shortlist k=3"):
+        assert re.search(rf"^\| hard \| {re.escape(mode)} \| [\d.]+ \| [+-][\d.]+ \|$", text, re.M), mode
+    assert "| hard | exact | " in text and "+0.00 |" in text
+    assert re.search(r"^- hard, shortlist: (k = 3 chosen on test|no k within 0.2)", text, re.M)

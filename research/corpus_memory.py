@@ -1,0 +1,67 @@
+#!/usr/bin/env python
+"""The corpus command's memory over a long run: the proportional set size
+of its process and workers, sampled every few seconds, against the lines
+committed so far (its parts); prints, per count of lines done, the largest
+and smallest sample, and the growth of the largest after the first
+``--after`` lines.
+
+Example: research/corpus_memory.py --after 10000 -- work/deen/data-bin
+    --path work/deen/checkpoints/checkpoint_best.pt --source-lang de --target-lang en
+    --tokenizer moses --bpe subword_nmt_vocab --bpe-codes work/deen/bpe/codes
+    --bpe-vocabulary work/deen/bpe/vocab.de --beam 4 --buffer-size 2000 --input corpus.de
+(the arguments after ``--`` are the corpus command's, without --output)
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--after", type=int, default=10000, help="lines done before the growth is counted")
+    p.add_argument("--seconds", type=float, default=3.0, help="between samples")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the corpus command's arguments")
+    args = p.parse_args(argv)
+    if args.command[:1] == ["--"]:
+        args.command = args.command[1:]
+    if "--buffer-size" not in args.command:
+        p.error("give the corpus command's --buffer-size (lines done are counted in buffers)")
+    return args
+
+
+def main(argv=None):
+    from fairseq_hardattn.tools.process_memory import tree_pss_mb
+
+    args = parse_args(argv)
+    buffer_lines = int(args.command[args.command.index("--buffer-size") + 1])
+    output = Path(tempfile.mkdtemp(prefix="corpus-memory-")) / "out.txt"
+    parts = output.with_name(output.name + ".parts")
+    process = subprocess.Popen([sys.executable, "-m", "fairseq_hardattn", "translate", *args.command,
+                                "--output", str(output), "--no-progress-bar"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    samples = {}
+    while process.poll() is None:
+        done = len(list(parts.glob("chunk-*"))) * buffer_lines if parts.exists() else 0
+        mb = tree_pss_mb(process.pid)
+        if mb:
+            samples.setdefault(done, []).append(mb)
+        time.sleep(args.seconds)
+    if process.returncode != 0:
+        raise SystemExit(f"corpus_memory: the command failed:\n{process.stderr.read()[-2000:]}")
+    print("lines done: largest / smallest MB")
+    for done in sorted(samples):
+        print(f"{done}: {max(samples[done]):.0f} / {min(samples[done]):.0f}")
+    at = [max(v) for done, v in sorted(samples.items()) if done >= args.after]
+    if at:
+        print(f"growth of the largest after the first {args.after:,} lines: {100 * (max(at) / at[0] - 1):+.1f}%")
+
+
+if __name__ == "__main__":
+    main()
