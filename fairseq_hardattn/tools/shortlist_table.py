@@ -1,8 +1,9 @@
 """``python -m fairseq_hardattn shortlist DATA_BIN -o FILE``: the table of a
 vocabulary shortlist (``decoding/shortlist.py``) from a binarized training
-set: for each source token, its K most probable translations under IBM
-Model 1 (a few EM iterations over the training pairs, a NULL source token
-included), and the N most frequent target tokens for every sentence. The
+set: for each source token, its K best translations under IBM Model 1 (a
+few EM iterations over the training pairs, a NULL source token included;
+ranked by p(t|s) + p(s|t) from its expected counts), and the N most
+frequent target tokens for every sentence. The
 file is CTranslate2's vocabulary map, so CTranslate2 (``use_vmap``) reads
 the same candidates.
 
@@ -12,7 +13,10 @@ them) rank it first for every source token and crowd out the token's
 translations; Model 1's expectation step gives each target token to the
 source tokens that explain it best, and the frequent ones come in through the
 separate list of frequent tokens (which each source token's K leave out:
-they would take its places). Marian's lexical shortlists are made the
+they would take its places). Each source token's list starts with the
+token itself where the target vocabulary has it (a joint BPE vocabulary
+copies names, numbers and the pieces of rare words), which Model 1 ranks
+low. Marian's lexical shortlists are made the
 same way (fast_align's p(t|s), the best K per source word and the most
 frequent words).
 """
@@ -77,9 +81,10 @@ def load_pairs(data, subset, source, target):
 
 
 def model1(sources, targets, source_size: int, target_size: int, iterations: int):
-    """IBM Model 1's p(t|s) over the token pairs that meet in a sentence
-    pair: (source ids, target ids, probabilities); source id ``source_size``
-    is NULL. The sentences' final EOS is left out."""
+    """IBM Model 1 over the token pairs that meet in a sentence pair:
+    (source ids, target ids, p(t|s) + p(s|t) from the last iteration's
+    expected counts); source id ``source_size`` is NULL. The sentences'
+    final EOS is left out."""
     null = source_size
     pair_keys, pair_positions, position = [], [], 0
     for src, tgt in zip(sources, targets):
@@ -101,11 +106,17 @@ def model1(sources, targets, source_size: int, target_size: int, iterations: int
         share = p / np.bincount(positions, weights=p, minlength=position)[positions]
         counts = np.bincount(pair, weights=share, minlength=len(unique))
         probabilities = counts / np.bincount(source_of, weights=counts, minlength=null + 1)[source_of]
-    return source_of, unique % target_size, probabilities
+    target_of = unique % target_size
+    # p(s|t) from the same expected counts: a rare target token (a piece of a rare word) is a
+    # small share of its source token's translations but most of its own alignments
+    inverse = counts / np.bincount(target_of, weights=counts, minlength=target_size)[target_of]
+    return source_of, target_of, probabilities + inverse
 
 
 def table(source_of, target_of, probabilities, k: int):
     """{source id: its k most probable target ids, best first}."""
+    if len(source_of) == 0:  # every target token is among the frequent ones
+        return {}
     order = np.lexsort((-probabilities, source_of))
     source_of, target_of = source_of[order], target_of[order]
     starts = np.flatnonzero(np.r_[True, source_of[1:] != source_of[:-1]])
@@ -133,8 +144,16 @@ def main(argv=None):
     with open(args.output, "w", encoding="utf-8") as f:
         f.write("\t" + " ".join(target_dict[i] for i in frequent) + "\n")
         for source_id in sorted(best):
-            if source_id not in (source_dict.pad(), source_dict.eos(), source_dict.bos()):
-                f.write(f"{source_dict[source_id]}\t{' '.join(target_dict[i] for i in best[source_id])}\n")
+            if source_id in (source_dict.pad(), source_dict.eos(), source_dict.bos(), source_dict.unk()):
+                continue
+            # the token itself first where the target side has it: names, numbers and the
+            # pieces of rare words are often copied, and Model 1 ranks them low
+            token = source_dict[source_id]
+            itself = target_dict.index(token)
+            row = [target_dict[i] for i in best[source_id] if i != itself]
+            if itself != target_dict.unk() and itself not in frequent:
+                row = [token] + row[:args.k - 1]
+            f.write(f"{token}\t{' '.join(row)}\n")
     print(f"fairseq-hardattn: wrote {args.output}: {len(best):,} source tokens, up to {args.k} candidates "
           f"each, {len(frequent)} for every sentence ({time.monotonic() - began:.1f} s)",
           file=sys.stderr, flush=True)

@@ -31,10 +31,25 @@ def candidates_of(vmap, sources):
     return always | {"</s>", "<unk>"} | {t for s in sources.split() for t in table.get(s, "").split()[:2]}
 
 
-def test_the_table_is_ctranslate2s_vocabulary_map(vmap):
+def test_the_table_is_ctranslate2s_vocabulary_map(vmap, reorder_data):
     lines = vmap.read_text().splitlines()
     assert lines[0].startswith("\t") and len(lines[0].split("\t")[1].split()) == 2
     assert all(len(line.split("\t")) == 2 and 1 <= len(line.split("\t")[1].split()) <= 3 for line in lines[1:])
+    # a source token the target vocabulary also holds comes first in its own row (copied names, numbers)
+    rows = dict(line.split("\t") for line in lines[1:])
+    frequent = set(lines[0].split("\t")[1].split())
+    target_tokens = {line.split()[0] for line in (reorder_data / "dict.tgt.txt").read_text().splitlines()}
+    shared = [s for s in rows if s in target_tokens and s not in frequent]
+    assert shared and all(rows[s].split()[0] == s for s in shared)
+
+
+def test_a_table_whose_candidates_are_all_frequent_has_the_frequent_line_only(reorder_data, tmp_path):
+    path = tmp_path / "vmap.txt"
+    proc = ForkServer.run("-m fairseq_hardattn", ["shortlist", reorder_data, "-o", path, "--frequent", 1000],
+                          None, None, 120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = path.read_text().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("\t") and len(lines[0].split()) > 10
 
 
 def test_generate_decodes_over_each_batchs_candidates_here_and_in_workers(trained_checkpoints, reorder_data, vmap):

@@ -701,7 +701,7 @@ def test_corpus_resume_stops_the_corpus_command_and_counts_nothing_lost(trained_
 def test_decoding_modes_bleu_against_the_exact_engine(trained_checkpoints, reorder_data, tmp_path):
     table = tmp_path / "vmap.txt"
     subprocess.run([sys.executable, "-m", "fairseq_hardattn", "shortlist", str(reorder_data), "-o", str(table),
-                    "--k", 4], env=tool_env(), check=True, capture_output=True)
+                    "--k", "4", "--frequent", "3"], env=tool_env(), check=True, capture_output=True)
     out = tmp_path / "modes.md"
     script("decoding_modes_bleu.py", "--data", reorder_data, "--path", f"hard={trained_checkpoints['hard']}",
            "--shortlist", table, "--ks", 3, "--no-bf16", "--tok-ref",
