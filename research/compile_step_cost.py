@@ -23,6 +23,7 @@ from fairseq_hardattn.models.attention_kind_base import SMALL_DIMS  # noqa: E402
 from fairseq_hardattn.tools.fixtures import (DictionaryTask, load_models, make_generator,  # noqa: E402
                                              parse_model_specs, prepare_for_decoding, random_batches,
                                              synthetic_dictionary)
+from fairseq_hardattn.tools.reporting import write_outputs  # noqa: E402
 from fairseq_hardattn.tools.timing import decode  # noqa: E402
 
 
@@ -66,11 +67,7 @@ def main():
             else "never pays: the compiled step is not faster")
     lines += ["", f"first compiled pass (compiling included): {first:.1f} s, against {eager:.1f} s for "
                   f"the eager search to decode all {args.sentences} sentences: compiling {pays}"]
-    text = "\n".join(lines)
-    print(text)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(text + "\n")
+    write_outputs(None, "\n".join(lines), markdown_path=args.markdown)
     return 0
 
 

@@ -30,8 +30,9 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--kills", type=int, default=20, help="stops before the run is let finish")
     p.add_argument("--max-delay", type=float, default=None,
-                   help="stop each start after a random delay up to this (seconds; default: the "
-                        "uninterrupted run's wall time)")
+                   help="stop each start after a random delay up to this (seconds; default: four "
+                        "times the uninterrupted run's wall time over --kills, so that the stops "
+                        "fall all along the run)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--work-dir", help="where the outputs go (default: a temporary folder)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the corpus command's arguments")
@@ -68,12 +69,13 @@ def main(argv=None):
     spent, stops, finished_early = 0.0, [], 0
     for kill in range(args.kills):
         how = signal.SIGKILL if kill % 2 == 0 else signal.SIGTERM
-        delay = moments.uniform(0.5, args.max_delay or uninterrupted)
+        delay = moments.uniform(0.5, args.max_delay or 4 * uninterrupted / args.kills)
         began = time.monotonic()
         process = start(args.command, stopped)
         try:
             process.wait(timeout=delay)
             finished_early += 1  # it ended before the stop: the output is whole
+            spent += time.monotonic() - began
             break
         except subprocess.TimeoutExpired:
             process.send_signal(how)

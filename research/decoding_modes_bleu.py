@@ -13,7 +13,6 @@ Example: research/decoding_modes_bleu.py --data work/deen/data-bin
 """
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -62,6 +61,8 @@ def bleu(args, checkpoint, subset, reference, overrides):
 
 
 def main(argv=None):
+    from fairseq_hardattn.tools.reporting import write_outputs
+
     args = parse_args(argv)
     references = dict(item.split("=", 1) for item in args.tok_ref)
     checkpoints = dict(item.split("=", 1) for item in args.path)
@@ -95,14 +96,8 @@ def main(argv=None):
                                                      for s in subsets))
             else:
                 lines.append(f"- {name}, {prefix}: no k within 0.2 of {base} on {chosen_on}")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({" / ".join(key): value for key, value in scores.items()}, f, indent=1)
+    write_outputs({" / ".join(key): value for key, value in scores.items()}, "\n".join(lines),
+                  args.json, args.markdown)
 
 
 if __name__ == "__main__":

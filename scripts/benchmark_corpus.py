@@ -64,6 +64,8 @@ def parse_args(argv=None):
     p.add_argument("--random-length", type=int, default=30, help="every output's tokens, random weights")
     p.add_argument("--random-lines", type=int, nargs="*", default=[],
                    help="lines of the corpus for each --random dims (default: --lines)")
+    p.add_argument("--random-only", action="store_true", help="leave the trained model out (its "
+                   "checkpoint still gives the dictionaries and options)")
     p.add_argument("--modes", nargs="*", default=list(MODES), choices=list(MODES))
     p.add_argument("--systems", nargs="*", default=list(SYSTEMS), choices=SYSTEMS)
     p.add_argument("--lines-of", action="append", default=[], metavar="SYSTEM=N")
@@ -71,7 +73,10 @@ def parse_args(argv=None):
     p.add_argument("--work-dir", default=None)
     p.add_argument("--markdown")
     p.add_argument("--json")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.random_only and not args.random:
+        p.error("--random-only needs --random DIMS")
+    return args
 
 
 def log(message):
@@ -108,21 +113,20 @@ def random_checkpoint(trained_cfg, task, dims: str, path: Path):
     import copy
 
     import torch
-    from omegaconf import open_dict
+    from omegaconf import OmegaConf, open_dict
 
     cfg = copy.deepcopy(trained_cfg)
     d = DIMS[dims]
-    with open_dict(cfg):
+    sizes = {"embed_dim": d["embed"], "ffn_embed_dim": d["ffn"], "attention_heads": d["heads"],
+             "layers": d["layers"], "output_dim": d["embed"], "input_dim": d["embed"]}
+    with open_dict(cfg):  # (the model's options: a Namespace in checkpoints fairseq-train wrote)
         for side in ("encoder", "decoder"):
-            cfg.model[f"{side}_embed_dim"] = d["embed"]
-            cfg.model[f"{side}_ffn_embed_dim"] = d["ffn"]
-            cfg.model[f"{side}_attention_heads"] = d["heads"]
-            cfg.model[f"{side}_layers"] = d["layers"]
-            cfg.model[f"{side}_output_dim"] = d["embed"]
-            cfg.model[f"{side}_input_dim"] = d["embed"]
+            for name, value in sizes.items():
+                setattr(cfg.model, f"{side}_{name}", value)
     torch.manual_seed(1)
     model = task.build_model(cfg.model)
-    torch.save({"cfg": cfg, "model": model.state_dict(), "args": None,
+    # a plain container, as fairseq-train saves it (torch loads checkpoints weights-only)
+    torch.save({"cfg": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True), "model": model.state_dict(), "args": None,
                 "optimizer_history": [{"criterion_name": "CrossEntropyCriterion", "optimizer_name": "Adam",
                                        "lr_scheduler_state": {}, "num_updates": 0}],
                 "extra_state": {}, "last_optimizer_state": None}, path)
@@ -183,9 +187,10 @@ def command_of(system, args, checkpoint, ct2_dir, mode, length, source: Path, ou
                  *INTERACTIVE_BATCHING, "--input", str(source),
                  "--model-overrides", f"{{'decoding_engine': '{engine}'}}"], output)
     cores = os.cpu_count()
-    options = dict(MODES[mode]["ct2"], max_decoding_length=(length + 1) if length else 201)
+    # (CTranslate2 counts the tokens it returns: with a length, exactly that many and no EOS)
+    options = dict(MODES[mode]["ct2"], max_decoding_length=length or 201)
     if length:
-        options["min_decoding_length"] = length + 1
+        options["min_decoding_length"] = length
     setting = dict(model=ct2_dir, inter=cores if system == "ct2-inter" else 1,
                    intra=1 if system == "ct2-inter" else cores, batch=32, input=str(source), output=str(output),
                    src=args.source_lang, tgt=args.target_lang, codes=args.bpe_codes, vocab=args.bpe_vocabulary,
@@ -246,7 +251,7 @@ def main(argv=None):
     def converted(weights, name):  # CTranslate2's copy, where a system needs it
         return ct2_model(weights, task, work / f"ct2-{name}") if with_ct2 else None
 
-    models = [("trained", args.path, converted(model, "trained"), 0, args.lines)]
+    models = [] if args.random_only else [("trained", args.path, converted(model, "trained"), 0, args.lines)]
     for i, dims in enumerate(args.random):
         checkpoint = work / f"random-{dims}.pt"
         random_model = random_checkpoint(cfg, task, dims, checkpoint)
@@ -312,6 +317,8 @@ def main(argv=None):
 
 
 def write_tables(args, record):
+    from fairseq_hardattn.tools.reporting import write_outputs
+
     runs = [r for r in record["runs"] if "system" in r]
     lines = [f"Cores: {record['cores']}. Corpus: lines drawn from {args.text}; lines/s of whole runs "
              f"(start, loading, reading, writing).", "",
@@ -339,12 +346,7 @@ def write_tables(args, record):
         k = record["kill"]
         lines.append(f"- SIGKILL half-way ({k['killed_after']} s) and the same command again ({k['resumed']} s): "
                      f"{k['lost']} s lost; the output byte for byte the uninterrupted one's: {k['same_output']}")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.markdown:
-        Path(args.markdown).write_text(text)
-    if args.json:
-        Path(args.json).write_text(json.dumps(record, indent=1))
+    write_outputs(record, "\n".join(lines), args.json, args.markdown)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ Example: scripts/benchmark_generate_cores.py --dims small --reps 3 --markdown re
 """
 
 import argparse
-import json
 import os
 import re
 import shutil
@@ -34,6 +33,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USER_DIR = os.path.join(REPO, "fairseq_hardattn")
+sys.path.insert(0, REPO)
 SMALL = ["--encoder-embed-dim", "128", "--decoder-embed-dim", "128", "--encoder-ffn-embed-dim", "256",
          "--decoder-ffn-embed-dim", "256", "--encoder-layers", "4", "--decoder-layers", "4",
          "--encoder-attention-heads", "4", "--decoder-attention-heads", "4"]
@@ -180,6 +180,8 @@ def summary(median, cores):
 
 
 def main(argv=None):
+    from fairseq_hardattn.tools.reporting import write_outputs
+
     args = parse_args(argv)
     work = tempfile.mkdtemp(prefix="generate-cores-")
     older, _ = checkpoint_and_data(args, work)
@@ -235,14 +237,8 @@ def main(argv=None):
              "| system | sent/s (median) | runs |", "|---|---|---|"]
     lines += [f"| {n} | {median[n]:.1f} | {', '.join(f'{x:.1f}' for x in rates[n])} |" for n in systems]
     lines += ["", *summary(median, cores)]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"settings": vars(args), "rates": rates, "median": median}, f, indent=2)
+    write_outputs({"settings": vars(args), "rates": rates, "median": median}, "\n".join(lines),
+                  args.json, args.markdown)
 
 
 if __name__ == "__main__":
