@@ -128,18 +128,20 @@ def quantize_for_decoding(model):
 
 
 def int8_rows(layer, rows: torch.Tensor):
-    """A dynamic int8 Linear of ``layer``'s output ``rows`` only (a
-    shortlist's tokens): the same int8 weights and quantization, packed for
-    the engine ``layer`` was packed for (``quantize_for_decoding``)."""
+    """The logits of ``layer``'s output ``rows`` only (a shortlist's tokens),
+    as a function of its input: the same int8 weights and quantization as the
+    layer's forward, packed for the engine ``layer`` was packed for
+    (``quantize_for_decoding``). Made once per batch, so packed once: a
+    dynamic Linear module would pack a placeholder weight first."""
     weight, bias = layer.weight(), layer.bias()
     rows = rows.to(weight.device)
-    sliced = torch.quantize_per_tensor(weight.dequantize().index_select(0, rows), weight.q_scale(),
+    sliced = torch.quantize_per_tensor(weight.index_select(0, rows).dequantize(), weight.q_scale(),
                                        weight.q_zero_point(), torch.qint8) \
         if weight.qscheme() == torch.per_tensor_affine else \
         torch.quantize_per_channel(weight.dequantize().index_select(0, rows),
                                    weight.q_per_channel_scales().index_select(0, rows),
                                    weight.q_per_channel_zero_points().index_select(0, rows), 0, torch.qint8)
-    sub = torch.ao.nn.quantized.dynamic.Linear(weight.size(1), len(rows), dtype=torch.qint8)
     with packing_for(packing_engines()[1]):
-        sub.set_weight_bias(sliced, None if bias is None else bias.index_select(0, rows))
-    return sub
+        packed = torch.ops.quantized.linear_prepack(sliced, None if bias is None else bias.index_select(0, rows))
+    # (torch.ao.nn.quantized.dynamic.Linear's forward for qint8 weights)
+    return lambda x: torch.ops.quantized.linear_dynamic(x, packed, reduce_range=True).to(x.dtype)
