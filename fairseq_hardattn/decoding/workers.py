@@ -444,11 +444,24 @@ class WorkerPool:
         self.release_collector()
 
 
-# searches running in this process's threads: a fork copies only the thread
-# that forks, so none starts while another thread decodes (the locks it holds
-# would stay locked in the workers)
+# calls decoding in this process's threads, here or through their workers: a
+# fork copies only the thread that forks, so none starts while another thread
+# decodes (a lock that thread's PyTorch ops hold would stay locked in the workers)
 _searching = 0
 _searching_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def searching():
+    """Counts the calling thread's decoding call while it runs."""
+    global _searching
+    with _searching_lock:
+        _searching += 1
+    try:
+        yield
+    finally:
+        with _searching_lock:
+            _searching -= 1
 
 
 class ParallelBatches:
@@ -457,17 +470,11 @@ class ParallelBatches:
     ``generate_here`` decodes one batch in this process."""
 
     def generate_here(self, sample, **kwargs):
-        global _searching
-        with _searching_lock:
-            _searching += 1
-        try:
+        with searching():
             sample = with_ids(sample)  # (a chunk's sentences keep theirs)
             chunks = chunks_of(sample) if plain(kwargs) else [sample]
             return [hypotheses for chunk in chunks
                     for hypotheses in self.serial_generate(self.model.models, chunk, **kwargs)]
-        finally:
-            with _searching_lock:
-                _searching -= 1
 
     def generate(self, models, sample, **kwargs):
         pending = self.__dict__.setdefault("_pending", {})  # id(src_tokens) -> (src_tokens, tasks)
@@ -480,6 +487,10 @@ class ParallelBatches:
         pool = self._pool_for(sample, plain_call) if entry is None else self._pool
         if pool is None:
             return self.generate_here(sample, **kwargs)
+        with searching():
+            return self._generate_through(pool, sample, entry, pending, kwargs)
+
+    def _generate_through(self, pool, sample, entry, pending, kwargs):
         pool.hold_collector()
         try:
             # each chunk a task of its own: the workers share a large batch out

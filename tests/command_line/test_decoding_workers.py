@@ -14,7 +14,6 @@ import threading
 
 import pytest
 import torch
-from fairseq.data import iterators
 from fairseq.models.transformer import TransformerModel
 
 from fairseq_hardattn import ConfigError
@@ -258,6 +257,39 @@ def test_threads_asking_for_workers_at_once_each_get_one_processs_hypotheses():
         assert_same_hypotheses(found[t], alone[t])
     for generator in generators:
         generator.close_workers()
+
+
+
+def test_a_thread_decoding_through_its_workers_keeps_other_threads_from_forking(monkeypatch):
+    """While one thread's call waits on its workers, another thread's call
+    decodes in its own thread: a fork then would copy the locks the first
+    thread's PyTorch ops hold, locked, into the new workers."""
+    model, d = prepared_model(decoding_workers=2)
+    first, second = batches_of(d, count=3, seed=1), batches_of(d, count=3, seed=2)
+    alone = hypotheses_of(decode_as_fairseq_generate(PluginBeamSearch([model], d, beam_size=3, max_len_b=8),
+                                                     second))
+    waiting, resume = threading.Event(), threading.Event()
+    result = workers.WorkerPool.result
+
+    def result_held_once(pool, number):  # the first thread, mid-call, waits for the second
+        if not waiting.is_set():
+            waiting.set()
+            assert resume.wait(120)
+        return result(pool, number)
+
+    monkeypatch.setattr(workers.WorkerPool, "result", result_held_once)
+    pooled = PluginBeamSearch([model], d, beam_size=3, max_len_b=8)
+    thread = threading.Thread(target=decode_as_fairseq_generate, args=(pooled, first))
+    thread.start()
+    try:
+        assert waiting.wait(120)
+        other = PluginBeamSearch([model], d, beam_size=3, max_len_b=8)
+        assert_same_hypotheses(hypotheses_of(decode_as_fairseq_generate(other, second)), alone)
+        assert "_pool" in pooled.__dict__ and "_pool" not in other.__dict__
+    finally:
+        resume.set()
+        thread.join(120)
+        pooled.close_workers()
 
 
 # --- through fairseq's tools ----------------------------------------------------
