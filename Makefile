@@ -30,9 +30,10 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadgroup tests $(TEST_ARGS)
 
-# tests/unit alone, with a shorter slice of the randomized differential cases
+# tests/unit alone, less its slow tests (pytest.ini), with a shorter slice of the
+# randomized differential cases
 test-fast: $(STAMP)
-	FAIRSEQ_HARDATTN_DIFF_CASES=$${FAIRSEQ_HARDATTN_DIFF_CASES:-200} $(PY) -m pytest -q -n 2 tests/unit $(TEST_ARGS)
+	FAIRSEQ_HARDATTN_DIFF_CASES=$${FAIRSEQ_HARDATTN_DIFF_CASES:-200} $(PY) -m pytest -q -n 2 -m "not slow" tests/unit $(TEST_ARGS)
 
 # the C kernels under AddressSanitizer and UndefinedBehaviorSanitizer (before a change to them ships)
 sanitize: $(STAMP)

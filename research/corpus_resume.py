@@ -16,7 +16,6 @@ Example: research/corpus_resume.py --kills 20 --lines 5000 -- work/deen/data-bin
 """
 
 import argparse
-import os
 import random
 import signal
 import subprocess

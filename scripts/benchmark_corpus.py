@@ -261,7 +261,7 @@ def main(argv=None):
     full = work / "corpus.src"
     make_corpus(args.text, corpus_lines, full)
     log(f"corpus: {corpus_lines:,} lines from {args.text}")
-    rows, record = [], {"settings": vars(args), "cores": os.cpu_count(), "runs": []}
+    record = {"settings": vars(args), "cores": os.cpu_count(), "runs": []}
     for name, checkpoint, ct2_dir, length, model_lines in models:
         for mode in args.modes:
             texts = {}

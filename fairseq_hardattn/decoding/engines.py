@@ -23,8 +23,6 @@ a model option: at decoding time ``--model-overrides "{'decoding_engine':
 
 from torch import Tensor
 
-from ..models.decoding_options import ENGINES  # noqa: F401  (declared with the model options)
-
 # how a decoder step runs
 FAIRSEQS_STEP = "fairseq"  # fairseq's decoder forward, its caches concatenated and reordered
 LINEAGE_STEP = "lineage"  # fairseq's forward, attention through the search's lineage (lineage.py)

@@ -9,7 +9,6 @@ import re
 import pytest
 import torch
 from fairseq import options
-from fairseq.models.transformer import TransformerModel
 
 import fairseq_hardattn
 from fairseq_hardattn import ConfigError

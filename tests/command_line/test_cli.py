@@ -1,10 +1,13 @@
 """End to end through fairseq's own command-line tools with ``--user-dir``."""
 
+import logging
 import re
 
+import pytest
 import torch
 
-from fairseq_hardattn.modules import HardRetrievalAttention
+import fairseq_hardattn
+from fairseq_hardattn.modules import HardRetrievalAttention, TopKAttention
 
 from conftest import (
     MAX_LEN_B,
@@ -14,6 +17,7 @@ from conftest import (
     USER_DIR,
     generate,
     hypotheses,
+    interactive,
     load_with_overrides,
     one_error_line,
     run_cli,
@@ -22,6 +26,9 @@ from conftest import (
 )
 
 
+
+# an empty line, a blank one, unknown words
+ODD_LINES = ["s1 s2 s3", "", "   \t ", "s4 ∂∂ ünknöwn s5", "s7 s8"]
 
 
 def decoder_kinds(model):
@@ -263,3 +270,67 @@ def test_int8_packing_leaves_the_process_engine_and_stays_near_float32():
     with torch.no_grad():
         error = (model.decoder(x) - expected).norm() / expected.norm()
     assert error < 0.05
+
+
+@pytest.mark.parametrize("kind", ["soft", "hard"])
+def test_interactive_survives_empty_blank_and_unknown_input(trained_checkpoints, reorder_data, kind):
+    proc = interactive(reorder_data, trained_checkpoints[kind], ODD_LINES)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    # one hypothesis per input line, the unknown words as <unk>
+    assert sorted(map(int, re.findall(r"^H-(\d+)", proc.stdout, flags=re.M))) == list(range(5))
+    assert re.search(r"^S-3\ts4 <unk> <unk> s5$", proc.stdout, flags=re.M)
+
+
+def test_decoding_is_byte_identical_across_runs_and_has_the_same_text_across_batch_sizes(
+        trained_checkpoints, reorder_data):
+    runs = [generate(reorder_data, trained_checkpoints["hard"], "--batch-size", bs).stdout
+            for bs in (8, 8, 1, 20)]
+    assert runs[0] == runs[1]  # same input, same batch size: byte-identical
+
+    def texts(out):
+        return sorted(re.findall(r"^H-(\d+)\t\S+\t(.*)$", out, flags=re.M))
+
+    # other batch sizes: the same translations (scores differ in the last
+    # float bits: batched matrix products round differently)
+    assert texts(runs[0]) == texts(runs[2]) == texts(runs[3])
+
+
+def test_a_fairseq_checkpoint_decodes_with_the_engine_by_default(trained_checkpoints, reorder_data):
+    soft = trained_checkpoints["soft"]  # fairseq's own transformer
+    default = generate(reorder_data, soft)
+    assert "decoding the fairseq transformer checkpoint as the plugin's transformer_soft" in default.stderr
+    fairseqs = generate(reorder_data, soft, "--model-overrides", "{'decoding_engine': 'fairseq'}")
+    assert "H-0" in default.stdout and "H-0" in fairseqs.stdout
+
+
+def test_an_ensemble_decodes_with_the_engine_through_generate(trained_checkpoints, reorder_data, caplog):
+    """--path a.pt:b.pt (fairseq's published WMT models are used so): the
+    plugin's search, not fairseq's generator; and through the hub."""
+    ensemble = f"{trained_checkpoints['soft']}:{trained_checkpoints['hard']}"
+    proc = generate(reorder_data, ensemble)
+    assert "does not run" not in proc.stderr and len(re.findall(r"^H-", proc.stdout, re.M)) == 20
+    hub = fairseq_hardattn.from_pretrained(
+        str(trained_checkpoints["soft"].parent.parent), data_name_or_path=str(reorder_data), user_dir=USER_DIR,
+        checkpoint_file="soft/checkpoint_last.pt:hard/checkpoint_last.pt")
+    assert len(hub.models) == 2
+    with caplog.at_level(logging.INFO):
+        assert hub.translate("s1 s2 s3", beam=2)
+    assert not any("does not run" in r.message for r in caplog.records)
+
+
+def test_decoding_time_k_on_soft_and_topk_checkpoints(trained_checkpoints, reorder_data):
+    """A soft checkpoint decoded with top-k retrieval (fairseq-generate and the
+    loader), and the k of a topk model switched back to soft."""
+    topk = {"dec_self_attn_kind": "topk", "dec_cross_attn_kind": "topk", "retrieval_k": 2}
+    model = load_with_overrides(trained_checkpoints["soft"], topk)
+    assert all(m.k == 2 for m in model.modules() if isinstance(m, TopKAttention))
+    assert sum(isinstance(m, TopKAttention) for m in model.modules()) == 2 * len(model.decoder.layers)
+    out = generate(reorder_data, trained_checkpoints["soft"], "--model-overrides", repr(topk))
+    assert out.returncode == 0 and hypotheses(out.stdout)
+    # k alone, on a model with no topk sublayer: one line
+    refused = generate(reorder_data, trained_checkpoints["soft"], "--model-overrides",
+                       "{'retrieval_k': 2}", check=False)
+    assert refused.returncode != 0
+    assert "fairseq-hardattn: error: --retrieval-k 2 has no topk sublayer" in refused.stderr
+    assert "Traceback" not in refused.stderr

@@ -102,3 +102,9 @@ def test_a_distillation_teacher_of_another_dictionary(trained_checkpoints, small
                    "--criterion", "label_smoothed_cross_entropy_with_distillation",
                    "--distill-teacher", trained_checkpoints["soft"], check=False)
     one_error_line(proc, "dictionary")
+
+
+def test_a_retired_training_option_is_refused_as_any_unknown_option(reorder_data, tmp_path):
+    proc = run_cli("fairseq-train", reorder_data, "--arch", "transformer_hard_dec_prenorm_small",
+                   *TRAIN_FLAGS, "--save-dir", tmp_path, "--hard-cooling-updates", 10, check=False)
+    one_error_line(proc, "unrecognized arguments: --hard-cooling-updates 10")

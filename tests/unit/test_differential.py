@@ -24,7 +24,6 @@ seed; ``FAIRSEQ_HARDATTN_DIFF_CASES=10000 pytest tests/unit/test_differential.py
 
 import collections
 import copy
-import math
 import os
 import random
 
@@ -181,6 +180,7 @@ def test_random_cases_decode_fairseqs_hypotheses_or_a_tie():
     assert outcomes["same"] >= 0.9 * DIFFERENTIAL_CASES  # ties are rare, or the test tests little
 
 
+@pytest.mark.slow
 def test_trained_tiny_models_decode_fairseqs_hypotheses_or_a_tie(trained_checkpoints):
     """The tiny trained models (fairseq's transformer and hard retrieval, a
     few updates: flat distributions, many near-ties), decoded as trained and

@@ -8,7 +8,6 @@ runs fairseq's model and generator, said in one line."""
 import argparse
 import copy
 import logging
-import re
 
 import pytest
 import torch
@@ -17,11 +16,10 @@ from fairseq.models import ARCH_MODEL_REGISTRY
 from fairseq.models.transformer import TransformerModel
 from fairseq.sequence_generator import SequenceGenerator
 
-import fairseq_hardattn
 from fairseq_hardattn.compat import checkpoints
 from fairseq_hardattn.decoding import PluginBeamSearch, generator_class
 
-from conftest import assert_same_hypotheses, generate, make_dictionary, random_batch
+from conftest import assert_same_hypotheses, make_dictionary, random_batch
 
 TINY = ["--encoder-embed-dim", "32", "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
         "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
@@ -107,28 +105,3 @@ def test_transformer_align_keeps_fairseqs_model_with_one_line(caplog):
         "adds to the transformer): decoding with fairseq's model and generator"]
 
 
-def test_a_fairseq_checkpoint_decodes_with_the_engine_by_default(trained_checkpoints, reorder_data):
-    soft = trained_checkpoints["soft"]  # fairseq's own transformer
-    default = generate(reorder_data, soft)
-    assert "decoding the fairseq transformer checkpoint as the plugin's transformer_soft" in default.stderr
-    fairseqs = generate(reorder_data, soft, "--model-overrides", "{'decoding_engine': 'fairseq'}")
-    assert "H-0" in default.stdout and "H-0" in fairseqs.stdout
-
-
-def test_an_ensemble_decodes_with_the_engine_through_generate(trained_checkpoints, reorder_data, caplog):
-    """--path a.pt:b.pt (fairseq's published WMT models are used so): the
-    plugin's search, not fairseq's generator; and through the hub."""
-    from fairseq.models.transformer import TransformerModel
-
-    from conftest import USER_DIR
-
-    ensemble = f"{trained_checkpoints['soft']}:{trained_checkpoints['hard']}"
-    proc = generate(reorder_data, ensemble)
-    assert "does not run" not in proc.stderr and len(re.findall(r"^H-", proc.stdout, re.M)) == 20
-    hub = fairseq_hardattn.from_pretrained(
-        str(trained_checkpoints["soft"].parent.parent), data_name_or_path=str(reorder_data), user_dir=USER_DIR,
-        checkpoint_file=f"soft/checkpoint_last.pt:hard/checkpoint_last.pt")
-    assert len(hub.models) == 2
-    with caplog.at_level(logging.INFO):
-        assert hub.translate("s1 s2 s3", beam=2)
-    assert not any("does not run" in r.message for r in caplog.records)

@@ -52,6 +52,7 @@ def decodes_with_rebuilt_kernels_after_one_warning_each(caplog, says):
     assert len(warnings) == len(SEARCH_KERNELS) and all(says in w for w in warnings)
 
 
+@pytest.mark.slow
 def test_a_cache_that_cannot_be_written_builds_in_a_directory_of_the_process(fresh_kernels, tmp_path,
                                                                              monkeypatch, caplog):
     blocked = tmp_path / "a-file"
@@ -60,6 +61,7 @@ def test_a_cache_that_cannot_be_written_builds_in_a_directory_of_the_process(fre
     decodes_with_rebuilt_kernels_after_one_warning_each(caplog, "cannot write the kernel cache")
 
 
+@pytest.mark.slow
 def test_a_truncated_cached_library_is_built_again(fresh_kernels, caplog):
     for name in SEARCH_KERNELS:
         path = kernels.build(name)
@@ -67,6 +69,7 @@ def test_a_truncated_cached_library_is_built_again(fresh_kernels, caplog):
     decodes_with_rebuilt_kernels_after_one_warning_each(caplog, "does not load")
 
 
+@pytest.mark.slow
 def test_a_library_built_for_another_cpu_is_never_loaded_here(fresh_kernels, monkeypatch):
     here = kernels.build("step_attention")
     monkeypatch.setattr(kernels, "_cpu_signature", lambda: b"flags : another cpu")
@@ -89,6 +92,7 @@ BUILD = ("import sys; from fairseq_hardattn import kernels; "
          "print(*[kernels.build(n) for n in ('beam_candidates', 'step_attention', 'flexible_band')])")
 
 
+@pytest.mark.slow
 def test_two_processes_building_at_once_both_load_whole_libraries(tmp_path):
     env = tool_env(FAIRSEQ_HARDATTN_KERNEL_DIR=str(tmp_path))
     processes = [subprocess.Popen([sys.executable, "-c", BUILD], env=env, stdout=subprocess.PIPE,

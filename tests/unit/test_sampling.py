@@ -156,7 +156,7 @@ def chi_square_p_value(observed: torch.Tensor, expected: torch.Tensor) -> float:
                                          torch.tensor(statistic / 2.0, dtype=torch.float64)))
 
 
-@pytest.mark.parametrize("topk, temperature", [(-1, 1.0), (10, 0.8)])
+@pytest.mark.parametrize("topk, temperature", [pytest.param(-1, 1.0, marks=pytest.mark.slow), (10, 0.8)])
 def test_twenty_thousand_samples_follow_the_models_distribution_and_fairseqs(topk, temperature):
     """One source, 20,000 sentences (ids): the first token drawn against the
     model's probabilities (cut to the top k, sharpened by the temperature),

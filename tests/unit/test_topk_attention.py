@@ -12,8 +12,7 @@ from fairseq.sequence_generator import SequenceGenerator
 from fairseq_hardattn import ConfigError
 from fairseq_hardattn.modules import HardRetrievalAttention, SoftAttention, TopKAttention
 
-from conftest import (build_model, decisive_model, generate, hypotheses, load_with_overrides,
-                      make_dictionary, random_batch)
+from conftest import build_model, decisive_model, make_dictionary, random_batch
 
 EMBED, HEADS = 16, 2
 FLOAT32_SOFTMAX = dict(rtol=1e-5, atol=1e-6)
@@ -165,20 +164,3 @@ def test_retrieval_k_options_are_config_errors(arch, options, message):
 def test_topk_in_encoder_self_attention_for_the_ablation():
     model = build_model("transformer_soft_small", enc_self_attn_kind="topk", retrieval_k=2)
     assert isinstance(model.encoder.layers[0].self_attn, TopKAttention)
-
-
-def test_decoding_time_k_on_soft_and_topk_checkpoints(trained_checkpoints, reorder_data):
-    """A soft checkpoint decoded with top-k retrieval (fairseq-generate and the
-    loader), and the k of a topk model switched back to soft."""
-    topk = {"dec_self_attn_kind": "topk", "dec_cross_attn_kind": "topk", "retrieval_k": 2}
-    model = load_with_overrides(trained_checkpoints["soft"], topk)
-    assert all(m.k == 2 for m in model.modules() if isinstance(m, TopKAttention))
-    assert sum(isinstance(m, TopKAttention) for m in model.modules()) == 2 * len(model.decoder.layers)
-    out = generate(reorder_data, trained_checkpoints["soft"], "--model-overrides", repr(topk))
-    assert out.returncode == 0 and hypotheses(out.stdout)
-    # k alone, on a model with no topk sublayer: one line
-    refused = generate(reorder_data, trained_checkpoints["soft"], "--model-overrides",
-                       "{'retrieval_k': 2}", check=False)
-    assert refused.returncode != 0
-    assert "fairseq-hardattn: error: --retrieval-k 2 has no topk sublayer" in refused.stderr
-    assert "Traceback" not in refused.stderr
