@@ -141,19 +141,23 @@ def main(argv=None):
     # each source token's k best beyond the tokens every sentence has (those would take its places)
     keep = ~np.isin(target_of, list(special | set(frequent))) & (source_of < len(source_dict))
     best = table(source_of[keep], target_of[keep], probabilities[keep], args.k)
+    seen = np.bincount(np.concatenate([s[:-1] for s in sources]), minlength=len(source_dict)) > 0
+    seen[list({source_dict.pad(), source_dict.eos(), source_dict.bos(), source_dict.unk()})] = False
+    rows = 0
     with open(args.output, "w", encoding="utf-8") as f:
         f.write("\t" + " ".join(target_dict[i] for i in frequent) + "\n")
-        for source_id in sorted(best):
-            if source_id in (source_dict.pad(), source_dict.eos(), source_dict.bos(), source_dict.unk()):
-                continue
+        for source_id in np.flatnonzero(seen).tolist():  # the source tokens of the data
             # the token itself first where the target side has it: names, numbers and the
-            # pieces of rare words are often copied, and Model 1 ranks them low
+            # pieces of rare words are often copied, and Model 1 ranks them low (or not at
+            # all, where every target token beside them is a frequent one)
             token = source_dict[source_id]
             itself = target_dict.index(token)
-            row = [target_dict[i] for i in best[source_id] if i != itself]
+            row = [target_dict[i] for i in best.get(source_id, ()) if i != itself]
             if itself != target_dict.unk() and itself not in frequent:
                 row = [token] + row[:args.k - 1]
-            f.write(f"{token}\t{' '.join(row)}\n")
-    print(f"fairseq-hardattn: wrote {args.output}: {len(best):,} source tokens, up to {args.k} candidates "
+            if row:
+                f.write(f"{token}\t{' '.join(row)}\n")
+                rows += 1
+    print(f"fairseq-hardattn: wrote {args.output}: {rows:,} source tokens, up to {args.k} candidates "
           f"each, {len(frequent)} for every sentence ({time.monotonic() - began:.1f} s)",
           file=sys.stderr, flush=True)

@@ -10,7 +10,7 @@ import re
 import pytest
 
 import fairseq_hardattn
-from conftest import ForkServer, generate, one_error_line, output_lines
+from conftest import ForkServer, generate, one_error_line, output_lines, preprocess
 from fairseq_hardattn.decoding import bf16
 
 
@@ -43,13 +43,36 @@ def test_the_table_is_ctranslate2s_vocabulary_map(vmap, reorder_data):
     assert shared and all(rows[s].split()[0] == s for s in shared)
 
 
-def test_a_table_whose_candidates_are_all_frequent_has_the_frequent_line_only(reorder_data, tmp_path):
+def test_a_table_whose_candidates_are_all_frequent_adds_only_each_token_itself(reorder_data, tmp_path):
     path = tmp_path / "vmap.txt"
     proc = ForkServer.run("-m fairseq_hardattn", ["shortlist", reorder_data, "-o", path, "--frequent", 1000],
                           None, None, 120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = path.read_text().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("\t") and len(lines[0].split()) > 10
+    assert lines[0].startswith("\t") and len(lines[0].split()) > 10
+    # beyond them, only the source tokens themselves (the joined vocabulary holds them)
+    assert lines[1:] and all(line.split("\t")[0] == line.split("\t")[1] for line in lines[1:])
+
+
+def test_a_source_token_beside_only_frequent_targets_still_lists_itself(tmp_path):
+    """``q`` is only ever translated by the frequent ``F``: Model 1 leaves it
+    no candidate beyond the frequent ones, yet the target vocabulary holds
+    ``q`` (it translates ``z``), so its row lists ``q`` itself."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    pairs = [("q", "F"), ("q q", "F F"), ("z", "q"), ("a b", "a b"), ("b", "F b")] * 4
+    for split in ("train", "valid", "test"):
+        (raw / f"{split}.src").write_text("".join(f"{s}\n" for s, _ in pairs))
+        (raw / f"{split}.tgt").write_text("".join(f"{t}\n" for _, t in pairs))
+    data = preprocess(str(raw), str(tmp_path / "bin"))
+    path = tmp_path / "vmap.txt"
+    proc = ForkServer.run("-m fairseq_hardattn", ["shortlist", data, "-o", path, "--k", 2, "--frequent", 1],
+                          None, None, 120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = path.read_text().splitlines()
+    assert lines[0] == "\tF"
+    rows = dict(line.split("\t") for line in lines[1:])
+    assert rows["q"] == "q" and rows["a"].split()[0] == "a"
 
 
 def test_generate_decodes_over_each_batchs_candidates_here_and_in_workers(trained_checkpoints, reorder_data, vmap):
