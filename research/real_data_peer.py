@@ -31,6 +31,9 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--max-len", type=int, default=200)
+    p.add_argument("--ct2-hypotheses", type=int, default=1,
+                   help="CTranslate2's num_hypotheses; the beam size ends a sentence as fairseq's "
+                        "search does, once it has beam-many finished hypotheses")
     return p.parse_args(argv)
 
 
@@ -78,7 +81,7 @@ def main(argv=None):
                                         compute_type="float32", inter_threads=1, intra_threads=1)
     sources = [[[d[t] for t in row.tolist() if t not in (d.pad(), d.eos())] for row in b["net_input"]["src_tokens"]]
                for b in batches]
-    options = dict(beam_size=args.beam, max_decoding_length=args.max_len + 1)
+    options = dict(beam_size=args.beam, max_decoding_length=args.max_len + 1, num_hypotheses=args.ct2_hypotheses)
     translator.translate_batch(sources[0], **options)  # warm-up
     began = time.perf_counter()
     theirs = [r for words in sources for r in translator.translate_batch(words, max_batch_size=len(words), **options)]
