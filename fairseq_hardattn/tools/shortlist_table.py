@@ -113,6 +113,11 @@ def model1(sources, targets, source_size: int, target_size: int, iterations: int
     return source_of, target_of, probabilities + inverse
 
 
+def special_ids(dictionary):
+    """The ids a table neither keys nor lists: BOS, padding, EOS and unk."""
+    return {dictionary.bos(), dictionary.pad(), dictionary.eos(), dictionary.unk()}
+
+
 def table(source_of, target_of, probabilities, k: int):
     """{source id: its k most probable target ids, best first}."""
     if len(source_of) == 0:  # every target token is among the frequent ones
@@ -134,7 +139,7 @@ def main(argv=None):
           f"{args.iterations} iterations of IBM Model 1", file=sys.stderr, flush=True)
     source_of, target_of, probabilities = model1(sources, targets, len(source_dict), len(target_dict),
                                                  args.iterations)
-    special = {target_dict.pad(), target_dict.eos(), target_dict.bos(), target_dict.unk()}
+    special = special_ids(target_dict)
     counts = np.bincount(np.concatenate([t[:-1] for t in targets]), minlength=len(target_dict))
     counts[list(special)] = 0
     frequent = [int(i) for i in np.argsort(-counts, kind="stable")[:args.frequent] if counts[i] > 0]
@@ -142,7 +147,7 @@ def main(argv=None):
     keep = ~np.isin(target_of, list(special | set(frequent))) & (source_of < len(source_dict))
     best = table(source_of[keep], target_of[keep], probabilities[keep], args.k)
     seen = np.bincount(np.concatenate([s[:-1] for s in sources]), minlength=len(source_dict)) > 0
-    seen[list({source_dict.pad(), source_dict.eos(), source_dict.bos(), source_dict.unk()})] = False
+    seen[list(special_ids(source_dict))] = False
     rows = 0
     with open(args.output, "w", encoding="utf-8") as f:
         f.write("\t" + " ".join(target_dict[i] for i in frequent) + "\n")

@@ -259,7 +259,6 @@ def test_threads_asking_for_workers_at_once_each_get_one_processs_hypotheses():
         generator.close_workers()
 
 
-
 def test_a_thread_decoding_through_its_workers_keeps_other_threads_from_forking(monkeypatch):
     """While one thread's call waits on its workers, another thread's call
     decodes in its own thread: a fork then would copy the locks the first
