@@ -34,6 +34,9 @@ def parse_args(argv=None):
     p.add_argument("--ct2-hypotheses", type=int, default=1,
                    help="CTranslate2's num_hypotheses; the beam size ends a sentence as fairseq's "
                         "search does, once it has beam-many finished hypotheses")
+    p.add_argument("--modules-step", action="store_true",
+                   help="every decoder step through the modules' forwards (the direct step off), "
+                        "to compare with it")
     return p.parse_args(argv)
 
 
@@ -45,7 +48,7 @@ def main(argv=None):
     from fairseq import checkpoint_utils
 
     from fairseq_hardattn import compat
-    from fairseq_hardattn.decoding import PluginBeamSearch, beam_search
+    from fairseq_hardattn.decoding import PluginBeamSearch, beam_search, direct_step
     from fairseq_hardattn.tools.ctranslate2_peer import convert
 
     with compat.loading():
@@ -64,6 +67,8 @@ def main(argv=None):
         rows.append(prefix.size(0))
         return step(self, prefix, one_per_sentence)
 
+    if args.modules_step:
+        direct_step.supports = lambda decoder: "--modules-step"
     generator = PluginBeamSearch([model], d, beam_size=args.beam, max_len_b=args.max_len)
     with torch.no_grad():
         generator.generate([model], batches[0])  # warm-up

@@ -41,7 +41,7 @@ from torch import Tensor, nn
 
 from .. import kernels
 from ..modules import decoding_step
-from . import engines
+from . import direct_step, engines
 from .lineage import Lineage
 from .packed_linear import packed_linears
 from .read_ahead import sentence_ids
@@ -385,6 +385,8 @@ class StepLogits:
         self.incremental_state: Dict[str, Dict[str, Optional[Tensor]]] = {}
         self.lineage = None
         self.shortlisted = None  # the logits of a shortlist's columns, from the features
+        self.direct = None  # the decoder's steps after the first as direct calls (direct_step)
+        self.direct_checked = False
 
     def start(self, net_input, expand: Tensor, rows: int, capacity: int, columns: Optional[Tensor] = None):
         """Encode the sources; on a CPU, self-attention caches that are never
@@ -400,6 +402,8 @@ class StepLogits:
         if (engines.step_of(engine, src_tokens) == engines.LINEAGE_STEP
                 and any(getattr(m, "lineage_mode", None) for m in self.decoder.modules())):
             self.lineage = Lineage.start(self.incremental_state, rows, capacity)
+            if direct_step.supports(self.decoder) is None:
+                self.direct = direct_step.DirectStep(self.decoder, capacity)
 
     def next_step(self, order: Optional[Tensor], step: int, rows: int):
         """Row i of this step continues row ``order[i]`` of the last one."""
@@ -414,21 +418,31 @@ class StepLogits:
         """Finished sentences left the batch."""
         self.encoder_out = self.model.encoder.reorder_encoder_out(self.encoder_out, order)
 
+    def features(self, prefix, encoder_out) -> Tensor:
+        """The decoder's features of each hypothesis's last token (rows, embed_dim)."""
+        if self.direct is not None and prefix.size(1) > 1:  # (the first step made the caches)
+            if self.direct_checked or self.direct.usable(self.incremental_state, self.lineage):
+                self.direct_checked = True
+                return self.direct(prefix, encoder_out, self.incremental_state)
+            self.direct = None
+        return self.decoder(prefix, encoder_out=encoder_out, incremental_state=self.incremental_state,
+                            features_only=True)[0][:, -1, :]
+
     def __call__(self, prefix, one_per_sentence: bool) -> Tensor:
         decoder, incremental_state = self.decoder, self.incremental_state
         encoder_out = self.sentence_encoder_out if one_per_sentence else self.encoder_out
         if self.shortlisted is not None:
-            return self.shortlisted(decoder(prefix, encoder_out=encoder_out, incremental_state=incremental_state,
-                                            features_only=True)[0][:, -1, :])
+            return self.shortlisted(self.features(prefix, encoder_out))
         projection = getattr(decoder, "output_projection", None)
         # --int8-decoding's int8 Linear, or oneDNN's packed one: on the features as one matrix
         own_kernel = (isinstance(projection, torch.ao.nn.quantized.dynamic.Linear)
                       or projection in self.packed_layers)
         if (prefix.is_cuda or getattr(decoder, "adaptive_softmax", None) is not None
                 or not (own_kernel or (isinstance(projection, nn.Linear) and projection.bias is None))):
+            if self.direct is not None and not prefix.is_cuda and decoder.adaptive_softmax is None:
+                return decoder.output_layer(self.features(prefix, encoder_out))  # (e.g. bfloat16's)
             return decoder(prefix, encoder_out=encoder_out, incremental_state=incremental_state)[0][:, -1, :]
-        features = decoder(prefix, encoder_out=encoder_out, incremental_state=incremental_state,
-                           features_only=True)[0][:, -1, :]
+        features = self.features(prefix, encoder_out)
         if own_kernel:
             return projection(features.contiguous())
         if self.transposed is None:

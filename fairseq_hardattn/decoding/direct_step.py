@@ -1,0 +1,194 @@
+"""The decoder's step of the plugin's search on a CPU as direct calls.
+
+A step through fairseq's ``TransformerDecoderLayer.forward`` and the
+attention modules' ``forward`` passes through code for every use of them:
+``nn.Module.__call__``'s hooks, the branches for training, alignment and
+cross+self attention, the cache's generic bookkeeping. When few hypotheses
+are left (the tail of every batch, one sentence at a time) that costs more
+than the step's arithmetic at the small preset's dims. Here a step is the
+same operations on the same parameters and caches, called directly: the
+Linear layers' own products (float32, oneDNN's packed, int8 or bfloat16),
+``F.layer_norm``, the layer's activation, and the lineage's attention steps
+(``lineage.Lineage``), which are the kernel calls the modules make.
+
+It runs steps after the first of a decoder whose every layer is fairseq's
+``TransformerDecoderLayerBase`` as built (its ``forward`` not overridden,
+none of its optional parts: head scaling, the attention and feed-forward
+norms, residual weights, cross+self attention) with self- and cross-attention
+the lineage's kinds (soft, hard, top-k). The first step, which projects the
+encoder's keys and values into the caches, and any other decoder, take the
+modules' path (``supports`` says why not). The outputs are the modules'
+path's, bit for bit (the same operations on the same tensors, in the same
+order): ``tests/unit/test_direct_step.py`` compares both.
+"""
+
+from typing import Callable, List, Optional
+
+import torch
+import torch.nn.functional as F
+from fairseq.models.transformer import TransformerDecoderBase
+from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
+from torch import Tensor, nn
+
+from ..models.attention_kind_base import AttentionKindDecoder
+from ..modules import decoding_step
+from ..modules.cached_projection import CachedProjectionAttention
+from ..modules.soft_attention import SoftAttention
+from .lineage import EVERY_POSITION
+
+# the modules' forwards whose lineage step this one is
+_ATTENTION_FORWARDS = (CachedProjectionAttention.forward, SoftAttention.forward)
+_OPTIONAL_PARTS = ("c_attn", "attn_ln", "ffn_layernorm", "w_resid")
+
+
+def supports(decoder) -> Optional[str]:
+    """None where ``decoder``'s steps can run here; else what keeps them on
+    the modules' path."""
+    kind = type(decoder)
+    if (kind.forward is not AttentionKindDecoder.forward
+            or kind.extract_features is not AttentionKindDecoder.extract_features
+            or kind.extract_features_scriptable is not TransformerDecoderBase.extract_features_scriptable):
+        return f"{kind.__name__} steps its own way"
+    if decoder.quant_noise is not None or decoder.cross_self_attention:
+        return "quant-noise or cross+self attention"
+    norms = [decoder.layernorm_embedding, decoder.layer_norm]
+    for layer in decoder.layers:
+        if type(layer).forward is not TransformerDecoderLayerBase.forward:
+            return f"{type(layer).__name__} steps its own way"
+        if any(getattr(layer, part, None) is not None for part in _OPTIONAL_PARTS) \
+                or layer.cross_self_attention or layer.encoder_attn is None:
+            return "a layer with optional parts or without cross-attention"
+        for attention in (layer.self_attn, layer.encoder_attn):
+            if (type(attention).forward not in _ATTENTION_FORWARDS
+                    or getattr(attention, "lineage_mode", None) not in EVERY_POSITION):
+                return f"{type(attention).__name__} attention"
+        norms += [layer.self_attn_layer_norm, layer.encoder_attn_layer_norm, layer.final_layer_norm]
+    if any(norm is not None and type(norm) is not nn.LayerNorm for norm in norms):
+        return "a norm other than nn.LayerNorm"
+    return None
+
+
+def _product(layer: Optional[nn.Module]) -> Optional[Callable[[Tensor], Tensor]]:
+    """The layer's product on 2-D features, without ``nn.Module.__call__``:
+    a plain Linear's ``F.linear``; otherwise the forward it has (oneDNN's
+    packed one, set on the instance; int8's; bfloat16's)."""
+    if layer is None:
+        return None
+    if type(layer) is nn.Linear and "forward" not in vars(layer):
+        weight, bias = layer.weight, layer.bias
+        return lambda x: F.linear(x, weight, bias)
+    return layer.forward
+
+
+def _norm(norm: Optional[nn.LayerNorm]) -> Optional[Callable[[Tensor], Tensor]]:
+    if norm is None:
+        return None
+    shape, weight, bias, eps = norm.normalized_shape, norm.weight, norm.bias, norm.eps
+    return lambda x: F.layer_norm(x, shape, weight, bias, eps)
+
+
+class _Layer:
+    """One layer's parts, bound once per decoding call."""
+
+    def __init__(self, layer):
+        self.self_attn, self.encoder_attn = layer.self_attn, layer.encoder_attn
+        self.q, self.k, self.v, self.self_out = (_product(getattr(layer.self_attn, name)) for name in
+                                                 ("q_proj", "k_proj", "v_proj", "out_proj"))
+        self.cross_q, self.cross_out = _product(layer.encoder_attn.q_proj), _product(layer.encoder_attn.out_proj)
+        self.fc1, self.fc2 = _product(layer.fc1), _product(layer.fc2)
+        self.activation = layer.activation_fn
+        self.self_norm, self.cross_norm, self.final_norm = (
+            _norm(layer.self_attn_layer_norm), _norm(layer.encoder_attn_layer_norm), _norm(layer.final_layer_norm))
+        self.pre_norm = layer.normalize_before
+
+
+class DirectStep:
+    """A decoding call's steps of ``decoder`` (``supports`` it) after its
+    first: features (rows, embed_dim) of each hypothesis's last token."""
+
+    def __init__(self, decoder, capacity: int):
+        self.decoder, self.capacity = decoder, capacity  # (the call's steps at most)
+        self.layers: List[_Layer] = [_Layer(layer) for layer in decoder.layers]
+        self.project_in, self.project_out = _product(decoder.project_in_dim), _product(decoder.project_out_dim)
+        self.embedding_norm, self.last_norm = _norm(decoder.layernorm_embedding), _norm(decoder.layer_norm)
+        self.positions: Optional[Tensor] = None  # of every step up to its length (_position)
+
+    def _position(self, step: int, prefix: Tensor) -> Optional[Tensor]:
+        """The position embedding of step ``step`` (embed_dim,): the decoder's
+        positions of a whole prefix of the call's length, computed once (the
+        table rows an incremental step reads)."""
+        embed_positions = self.decoder.embed_positions
+        if embed_positions is None:
+            return None
+        if self.positions is None or step >= self.positions.size(0):
+            tokens = prefix.new_full((1, max(self.capacity, step + 1)), self.decoder.padding_idx + 1)
+            self.positions = embed_positions(tokens)[0]
+        return self.positions[step]
+
+    def usable(self, incremental_state, lineage) -> bool:
+        """Whether this step can run now: the caches of the first step made,
+        and every attention module on the lineage's kernel."""
+        if lineage is None or decoding_step.fixed_shape(incremental_state) is not None:
+            return False
+        probe = self.decoder.embed_tokens.weight
+        for layer in self.layers:
+            if ("prev_key" not in layer.encoder_attn._get_input_buffer(incremental_state)
+                    or not lineage.usable(layer.self_attn, probe) or not lineage.usable(layer.encoder_attn, probe)):
+                return False
+        return True
+
+    def __call__(self, prefix: Tensor, encoder_out, incremental_state) -> Tensor:
+        """``decoder(prefix, encoder_out, incremental_state, features_only=True)[0][:, -1]``."""
+        decoder = self.decoder
+        decoding_step.start_step(incremental_state, encoder_out)
+        lineage = decoding_step.lineage(incremental_state)
+        x = decoder.embed_scale * decoder.embed_tokens(prefix[:, -1])
+        positions = self._position(prefix.size(1) - 1, prefix)
+        if self.project_in is not None:
+            x = self.project_in(x)
+        if positions is not None:
+            x += positions
+        if self.embedding_norm is not None:
+            x = self.embedding_norm(x)
+        rows = x.size(0)
+        for layer in self.layers:
+            x = self._self_attention(layer, x, rows, incremental_state, lineage)
+            x = self._cross_attention(layer, x, rows, incremental_state, lineage)
+            residual = x
+            if layer.pre_norm:
+                x = layer.final_norm(x)
+            x = residual + layer.fc2(layer.activation(layer.fc1(x)))
+            if not layer.pre_norm:
+                x = layer.final_norm(x)
+        if self.last_norm is not None:
+            x = self.last_norm(x)
+        if self.project_out is not None:
+            x = self.project_out(x)
+        return x
+
+    @staticmethod
+    def _self_attention(layer: _Layer, x: Tensor, rows: int, incremental_state, lineage) -> Tensor:
+        residual = x
+        if layer.pre_norm:
+            x = layer.self_norm(x)
+        module = layer.self_attn
+        saved_state = module._get_input_buffer(incremental_state)
+        out = lineage.self_attention(module, saved_state, layer.q(x).view(rows * module.num_heads, 1, module.head_dim),
+                                     layer.k(x), layer.v(x), rows)
+        x = residual + layer.self_out(out.view(rows, module.embed_dim))
+        return x if layer.pre_norm else layer.self_norm(x)
+
+    @staticmethod
+    def _cross_attention(layer: _Layer, x: Tensor, rows: int, incremental_state, lineage) -> Tensor:
+        residual = x
+        if layer.pre_norm:
+            x = layer.cross_norm(x)
+        module = layer.encoder_attn
+        saved_state = module._get_input_buffer(incremental_state)
+        padding = saved_state.get("prev_key_padding_mask")
+        if padding is not None:
+            padding = None if padding.dim() == 0 else padding.to(torch.bool)
+        out = lineage.source_attention(module, saved_state,
+                                       layer.cross_q(x).view(rows * module.num_heads, 1, module.head_dim), padding)
+        x = residual + layer.cross_out(out.view(rows, module.embed_dim))
+        return x if layer.pre_norm else layer.cross_norm(x)

@@ -1,0 +1,108 @@
+"""The decoder's step as direct calls (decoding/direct_step.py): for every
+architecture it takes, the search's hypotheses and scores are bit for bit
+those of the modules' path, in float32, with oneDNN's packed Linear layers,
+int8 and bfloat16; the others keep the modules' path, with a reason."""
+
+import pytest
+import torch
+from fairseq.search import Sampling
+
+import fairseq_hardattn
+from fairseq_hardattn.decoding import PluginBeamSearch, bf16, direct_step, packed_linear
+from fairseq_hardattn.decoding.int8 import quantize_for_decoding
+
+from conftest import decisive_model, make_dictionary, random_batch
+
+ARCHS = [a for a in fairseq_hardattn.registered_architectures() if "lstm" not in a]
+# the families whose decoder layers are fairseq's with the lineage's attention kinds
+DIRECT_FAMILIES = ("SoftTransformerModel", "HardRetrievalTransformerModel", "TopKRetrievalTransformerModel")
+
+
+def sample_of(dictionary, lengths=(9, 7, 6, 4, 3, 8), seed=2):
+    src, src_lengths, _ = random_batch(dictionary, list(lengths), seed=seed)
+    return {"id": torch.arange(len(lengths)), "net_input": {"src_tokens": src, "src_lengths": src_lengths}}
+
+
+def decode(model, dictionary, sample, direct: bool, monkeypatch, **options):
+    """The search's output and how many steps ran as direct calls."""
+    steps = []
+    original_call = direct_step.DirectStep.__call__
+
+    def counted(self, *args):
+        steps.append(1)
+        return original_call(self, *args)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(direct_step.DirectStep, "__call__", counted)
+        if not direct:
+            patch.setattr(direct_step, "supports", lambda decoder: "turned off by the test")
+        with torch.no_grad():
+            found = PluginBeamSearch([model], dictionary, **options).generate([model], sample)
+    return found, len(steps)
+
+
+def assert_identical(ours, theirs):
+    assert len(ours) == len(theirs)
+    for mine, expected in zip(ours, theirs):
+        assert [h["tokens"].tolist() for h in mine] == [h["tokens"].tolist() for h in expected]
+        for a, b in zip(mine, expected):
+            assert torch.equal(a["positional_scores"], b["positional_scores"])
+            assert torch.equal(a["score"], b["score"])
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_architecture_decodes_the_same_bits_through_direct_calls(arch, monkeypatch):
+    d = make_dictionary(40)
+    model = decisive_model(arch, d, flexible_mean_source_length=6.0).float()
+    sample = sample_of(d)
+    reason = direct_step.supports(model.decoder)
+    assert (reason is None) == (type(model).__name__ in DIRECT_FAMILIES), reason
+    direct, steps = decode(model, d, sample, True, monkeypatch, beam_size=4, max_len_b=12)
+    modules, no_steps = decode(model, d, sample, False, monkeypatch, beam_size=4, max_len_b=12)
+    assert no_steps == 0
+    assert (steps > 0) == (reason is None)
+    assert_identical(direct, modules)
+
+
+@pytest.mark.parametrize("precision", ["onednn", "int8", "bf16"])
+@pytest.mark.parametrize("arch", ["transformer_soft_small", "transformer_soft_prenorm_small",
+                                  "transformer_hard_dec_small"])
+def test_packed_int8_and_bf16_layers_decode_the_same_bits_through_direct_calls(arch, precision, monkeypatch):
+    d = make_dictionary(40)
+    model = decisive_model(arch, d).float()
+    if precision == "onednn":
+        if not packed_linear.onednn_linear_available():
+            pytest.skip("PyTorch without oneDNN")
+        monkeypatch.setattr(packed_linear, "MIN_PACKED_WEIGHT", 1)
+    elif precision == "int8":
+        quantize_for_decoding(model)
+    else:
+        if not bf16.cpu_bf16_feature():  # (emulated by PyTorch: the same numbers, slower)
+            monkeypatch.setattr(bf16, "cpu_bf16_feature", lambda: "AMX")
+        bf16.to_bf16_for_decoding(model)
+    sample = sample_of(d)
+    direct, steps = decode(model, d, sample, True, monkeypatch, beam_size=4, max_len_b=12)
+    modules, _ = decode(model, d, sample, False, monkeypatch, beam_size=4, max_len_b=12)
+    assert steps > 0
+    assert_identical(direct, modules)
+
+
+def test_sampling_and_greedy_search_decode_the_same_bits_through_direct_calls(monkeypatch):
+    d = make_dictionary(40)
+    model = decisive_model("transformer_hard_dec_small", d).float()
+    sample = sample_of(d)
+    for options in (dict(beam_size=3, max_len_b=10, search_strategy=Sampling(d, 5), seed=7),
+                    dict(beam_size=1, max_len_b=10)):
+        direct, steps = decode(model, d, sample, True, monkeypatch, **options)
+        modules, _ = decode(model, d, sample, False, monkeypatch, **options)
+        assert steps > 0
+        assert_identical(direct, modules)
+
+
+def test_a_layer_with_a_part_the_direct_step_lacks_keeps_the_modules_path():
+    d = make_dictionary(40)
+    model = decisive_model("transformer_soft_small", d).float()
+    assert direct_step.supports(model.decoder) is None
+    layer = model.decoder.layers[1]
+    layer.ffn_layernorm = torch.nn.LayerNorm(layer.fc1.out_features)
+    assert "optional parts" in direct_step.supports(model.decoder)
