@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError
+from . import packed_linear
 
 
 class Shortlist:
@@ -77,7 +78,8 @@ class Shortlist:
 def restricted_projection(projection, columns: Tensor):
     """A function of the decoder's features that gives the logits of
     ``columns`` only: the output projection's rows of those tokens (float32,
-    or int8 rows packed like the whole layer's)."""
+    packed for oneDNN as the search packs the whole projection; int8 rows
+    packed like the whole layer's)."""
     if isinstance(projection, torch.ao.nn.quantized.dynamic.Linear):
         from .int8 import int8_rows
 
@@ -87,5 +89,12 @@ def restricted_projection(projection, columns: Tensor):
     if not torch.is_tensor(weight) or getattr(projection, "bias", None) is not None:
         raise ConfigError("a shortlist needs the decoder's output projection to be a Linear layer "
                           "without bias (fairseq's Transformer's)")
-    transposed = weight.detach().index_select(0, columns).t().contiguous()
+    rows = weight.detach().index_select(0, columns)
+    if (rows.dtype == torch.float32 and rows.device.type == "cpu"
+            and rows.numel() >= packed_linear.MIN_PACKED_WEIGHT and packed_linear.onednn_linear_available()):
+        # as the whole projection runs in the search: oneDNN's Linear on rows packed once a batch
+        packed = torch.ops.mkldnn._reorder_linear_weight(rows)
+        return lambda features: torch.ops.mkldnn._linear_pointwise(features.contiguous(), packed, None,
+                                                                   "none", [], "")
+    transposed = rows.t().contiguous()
     return lambda features: torch.mm(features.to(transposed.dtype), transposed).float()

@@ -17,9 +17,9 @@ from fairseq.sequence_generator import SequenceGenerator
 
 import fairseq_hardattn
 from fairseq_hardattn import ConfigError
-from fairseq_hardattn.decoding import PluginBeamSearch, bf16, generator_class
+from fairseq_hardattn.decoding import PluginBeamSearch, bf16, generator_class, packed_linear
 from fairseq_hardattn.decoding.int8 import quantize_for_decoding
-from fairseq_hardattn.decoding.shortlist import Shortlist
+from fairseq_hardattn.decoding.shortlist import Shortlist, restricted_projection
 from fairseq_hardattn.tools import shortlist_table
 
 from conftest import assert_same_hypotheses, decisive_model, make_dictionary, random_batch
@@ -96,6 +96,33 @@ def test_every_architecture_decodes_fairseqs_hypotheses_over_the_shortlist(arch,
             [model], sample)
     assert_same_hypotheses(ours, theirs)
     assert all(set(h["tokens"].tolist()) <= set(columns.tolist()) for s in ours for h in s)
+
+
+@pytest.mark.skipif(not packed_linear.onednn_linear_available(), reason="PyTorch without oneDNN")
+def test_the_shortlists_rows_packed_for_onednn_decode_fairseqs_hypotheses(tmp_path, monkeypatch):
+    """The float32 rows of the shortlist's tokens on oneDNN's Linear, as a
+    large enough projection runs (the tiny model's is made to pack)."""
+    packed = []
+    original = torch.ops.mkldnn._reorder_linear_weight
+    monkeypatch.setattr(packed_linear, "MIN_PACKED_WEIGHT", 1)
+    d = make_dictionary(200)
+    model = decisive_model("transformer_soft_small", d).float()
+    model.shortlist = Shortlist.load(str(a_table(tmp_path, d, k=3)), d, d)
+    sample = sample_of(d)
+    columns = model.shortlist.candidates(sample["net_input"]["src_tokens"], pad=d.pad())
+    with torch.no_grad():
+        restricted = restricted_projection(model.decoder.output_projection, columns)
+        features = torch.randn(5, model.decoder.output_projection.in_features)
+        torch.testing.assert_close(restricted(features),
+                                   features @ model.decoder.output_projection.weight[columns].t())
+        monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight",
+                            lambda weight: packed.append(weight.shape) or original(weight), raising=False)
+        ours = PluginBeamSearch([model], d, beam_size=4, max_len_b=12).generate([model], sample)
+        del model.shortlist
+        theirs = SequenceGenerator([masked_to(model, columns)], d, beam_size=4, max_len_b=12).generate(
+            [model], sample)
+    assert (len(columns), model.decoder.output_projection.in_features) in packed
+    assert_same_hypotheses(ours, theirs)
 
 
 @pytest.mark.parametrize("setting", ["sampling", "int8", "ensemble", "prefix", "min_len"])
