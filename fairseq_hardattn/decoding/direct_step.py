@@ -152,43 +152,44 @@ class DirectStep:
             x = self.embedding_norm(x)
         rows = x.size(0)
         for layer in self.layers:
-            x = self._self_attention(layer, x, rows, incremental_state, lineage)
-            x = self._cross_attention(layer, x, rows, incremental_state, lineage)
-            residual = x
-            if layer.pre_norm:
-                x = layer.final_norm(x)
-            x = residual + layer.fc2(layer.activation(layer.fc1(x)))
-            if not layer.pre_norm:
-                x = layer.final_norm(x)
+            x = _residual_block(layer.pre_norm, layer.self_norm, x, _self_attention, layer, rows,
+                                incremental_state, lineage)
+            x = _residual_block(layer.pre_norm, layer.cross_norm, x, _cross_attention, layer, rows,
+                                incremental_state, lineage)
+            x = _residual_block(layer.pre_norm, layer.final_norm, x, _feed_forward, layer)
         if self.last_norm is not None:
             x = self.last_norm(x)
         if self.project_out is not None:
             x = self.project_out(x)
         return x
 
-    @staticmethod
-    def _self_attention(layer: _Layer, x: Tensor, rows: int, incremental_state, lineage) -> Tensor:
-        residual = x
-        if layer.pre_norm:
-            x = layer.self_norm(x)
-        module = layer.self_attn
-        saved_state = module._get_input_buffer(incremental_state)
-        out = lineage.self_attention(module, saved_state, layer.q(x).view(rows * module.num_heads, 1, module.head_dim),
-                                     layer.k(x), layer.v(x), rows)
-        x = residual + layer.self_out(out.view(rows, module.embed_dim))
-        return x if layer.pre_norm else layer.self_norm(x)
 
-    @staticmethod
-    def _cross_attention(layer: _Layer, x: Tensor, rows: int, incremental_state, lineage) -> Tensor:
-        residual = x
-        if layer.pre_norm:
-            x = layer.cross_norm(x)
-        module = layer.encoder_attn
-        saved_state = module._get_input_buffer(incremental_state)
-        padding = saved_state.get("prev_key_padding_mask")
-        if padding is not None:
-            padding = None if padding.dim() == 0 else padding.to(torch.bool)
-        out = lineage.source_attention(module, saved_state,
-                                       layer.cross_q(x).view(rows * module.num_heads, 1, module.head_dim), padding)
-        x = residual + layer.cross_out(out.view(rows, module.embed_dim))
-        return x if layer.pre_norm else layer.cross_norm(x)
+def _residual_block(pre_norm: bool, norm, x: Tensor, body, *args) -> Tensor:
+    """fairseq's sublayer: ``x + body(x)``, normalised before the body
+    (pre-norm) or after the sum (post-norm)."""
+    out = body(norm(x) if pre_norm else x, *args)
+    x = x + out
+    return x if pre_norm else norm(x)
+
+
+def _self_attention(x: Tensor, layer: _Layer, rows: int, incremental_state, lineage) -> Tensor:
+    module = layer.self_attn
+    saved_state = module._get_input_buffer(incremental_state)
+    out = lineage.self_attention(module, saved_state, layer.q(x).view(rows * module.num_heads, 1, module.head_dim),
+                                 layer.k(x), layer.v(x), rows)
+    return layer.self_out(out.view(rows, module.embed_dim))
+
+
+def _cross_attention(x: Tensor, layer: _Layer, rows: int, incremental_state, lineage) -> Tensor:
+    module = layer.encoder_attn
+    saved_state = module._get_input_buffer(incremental_state)
+    padding = saved_state.get("prev_key_padding_mask")
+    if padding is not None:
+        padding = None if padding.dim() == 0 else padding.to(torch.bool)
+    out = lineage.source_attention(module, saved_state,
+                                   layer.cross_q(x).view(rows * module.num_heads, 1, module.head_dim), padding)
+    return layer.cross_out(out.view(rows, module.embed_dim))
+
+
+def _feed_forward(x: Tensor, layer: _Layer) -> Tensor:
+    return layer.fc2(layer.activation(layer.fc1(x)))
