@@ -15,7 +15,7 @@ It runs steps after the first of a decoder whose every layer is fairseq's
 ``TransformerDecoderLayerBase`` as built (its ``forward`` not overridden,
 none of its optional parts: head scaling, the attention and feed-forward
 norms, residual weights, cross+self attention) with self- and cross-attention
-the lineage's kinds (soft, hard, top-k). The first step, which projects the
+the lineage's kinds (soft, hard, top-k), and no forward hooks. The first step, which projects the
 encoder's keys and values into the caches, and any other decoder, take the
 modules' path (``supports`` says why not). The outputs are the modules'
 path's, bit for bit (the same operations on the same tensors, in the same
@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from fairseq.models.transformer import TransformerDecoderBase
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 from torch import Tensor, nn
+from torch.nn.modules import module as torch_module
 
 from ..models.attention_kind_base import AttentionKindDecoder
 from ..modules import decoding_step
@@ -51,6 +52,8 @@ def supports(decoder) -> Optional[str]:
         return f"{kind.__name__} steps its own way"
     if decoder.quant_noise is not None or decoder.cross_self_attention:
         return "quant-noise or cross+self attention"
+    if _has_hooks(decoder):  # (direct calls would skip them)
+        return "forward hooks on the decoder's modules"
     norms = [decoder.layernorm_embedding, decoder.layer_norm]
     for layer in decoder.layers:
         if type(layer).forward is not TransformerDecoderLayerBase.forward:
@@ -66,6 +69,12 @@ def supports(decoder) -> Optional[str]:
     if any(norm is not None and type(norm) is not nn.LayerNorm for norm in norms):
         return "a norm other than nn.LayerNorm"
     return None
+
+
+def _has_hooks(decoder) -> bool:
+    if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
+        return True
+    return any(m._forward_hooks or m._forward_pre_hooks for m in decoder.modules())
 
 
 def _product(layer: Optional[nn.Module]) -> Optional[Callable[[Tensor], Tensor]]:

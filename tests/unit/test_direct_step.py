@@ -106,3 +106,19 @@ def test_a_layer_with_a_part_the_direct_step_lacks_keeps_the_modules_path():
     layer = model.decoder.layers[1]
     layer.ffn_layernorm = torch.nn.LayerNorm(layer.fc1.out_features)
     assert "optional parts" in direct_step.supports(model.decoder)
+
+
+def test_a_forward_hook_on_a_decoder_module_keeps_the_modules_path(monkeypatch):
+    """A hook may change what its module returns: the direct calls would skip it."""
+    d = make_dictionary(40)
+    model = decisive_model("transformer_soft_small", d).float()
+    sample = sample_of(d)
+    plain, _ = decode(model, d, sample, True, monkeypatch, beam_size=4, max_len_b=12)
+    handle = model.decoder.layers[0].fc2.register_forward_hook(lambda module, args, out: out * 0.5)
+    assert "hooks" in direct_step.supports(model.decoder)
+    hooked, steps = decode(model, d, sample, True, monkeypatch, beam_size=4, max_len_b=12)
+    assert steps == 0
+    assert [h["tokens"].tolist() for s in hooked for h in s] != [h["tokens"].tolist() for s in plain for h in s] \
+        or not all(torch.equal(a["score"], b["score"]) for x, y in zip(hooked, plain) for a, b in zip(x, y))
+    handle.remove()
+    assert direct_step.supports(model.decoder) is None
