@@ -112,6 +112,13 @@ def random_batch(dictionary, lengths, tgt_len=6, seed=0):
     return src, torch.tensor(lengths), prev
 
 
+def sample_of(dictionary, lengths=(9, 7, 6, 4, 3, 8), seed=2, ids=None):
+    """A generator's sample of random sources (``random_batch``), ids 0.. or ``ids``."""
+    src, src_lengths, _ = random_batch(dictionary, list(lengths), seed=seed)
+    ids = torch.arange(len(lengths)) if ids is None else torch.tensor(ids)
+    return {"id": ids, "net_input": {"src_tokens": src, "src_lengths": src_lengths}}
+
+
 # --- the equality the engine promises (docs/decoding_engine.md) ------------------
 # fairseq's hypotheses (tokens, n-best order, alignments) and, across thread
 # counts, workers and chunks, its own; scores equal to float32 rounding, which

@@ -20,14 +20,9 @@ from fairseq_hardattn.decoding import beam_search, lineage, packed_linear
 from fairseq_hardattn.modules import (CrossSelfAttention, HardRetrievalAttention, LocalAttention,
                                       SoftAttention, TopKAttention)
 
-from conftest import assert_same_hypotheses, build_model, decisive_model, make_dictionary, random_batch
+from conftest import assert_same_hypotheses, build_model, decisive_model, make_dictionary, sample_of
 
 ARCHS = [a for a in fairseq_hardattn.registered_architectures() if "lstm" not in a]
-
-
-def sample_of(dictionary, lengths=(9, 7, 6, 4, 3, 8), seed=2):
-    src, src_lengths, _ = random_batch(dictionary, list(lengths), seed=seed)
-    return {"id": torch.arange(len(lengths)), "net_input": {"src_tokens": src, "src_lengths": src_lengths}}
 
 
 def both(model, dictionary, sample, generator_cls=(PluginBeamSearch, SequenceGenerator), prefix=None,

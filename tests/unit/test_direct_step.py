@@ -11,16 +11,11 @@ import fairseq_hardattn
 from fairseq_hardattn.decoding import PluginBeamSearch, bf16, direct_step, packed_linear
 from fairseq_hardattn.decoding.int8 import quantize_for_decoding
 
-from conftest import decisive_model, make_dictionary, random_batch
+from conftest import decisive_model, make_dictionary, sample_of
 
 ARCHS = [a for a in fairseq_hardattn.registered_architectures() if "lstm" not in a]
 # the families whose decoder layers are fairseq's with the lineage's attention kinds
 DIRECT_FAMILIES = ("SoftTransformerModel", "HardRetrievalTransformerModel", "TopKRetrievalTransformerModel")
-
-
-def sample_of(dictionary, lengths=(9, 7, 6, 4, 3, 8), seed=2):
-    src, src_lengths, _ = random_batch(dictionary, list(lengths), seed=seed)
-    return {"id": torch.arange(len(lengths)), "net_input": {"src_tokens": src, "src_lengths": src_lengths}}
 
 
 def decode(model, dictionary, sample, direct: bool, monkeypatch, **options):

@@ -14,8 +14,7 @@ from fairseq.sequence_generator import SequenceGenerator
 from fairseq_hardattn import kernels
 from fairseq_hardattn.decoding import PluginBeamSearch
 
-from conftest import assert_same_hypotheses, decisive_model, make_dictionary, tool_env
-from test_beam_search import sample_of
+from conftest import assert_same_hypotheses, decisive_model, make_dictionary, sample_of, tool_env
 
 SEARCH_KERNELS = ("beam_candidates", "step_attention")
 

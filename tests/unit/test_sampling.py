@@ -16,18 +16,12 @@ import fairseq_hardattn
 from fairseq_hardattn.decoding import PluginBeamSearch, generator_class
 from fairseq_hardattn.decoding.sampling import SentenceDraws, sentence_seed
 
-from conftest import assert_same_hypotheses, build_model, make_dictionary, random_batch
+from conftest import assert_same_hypotheses, build_model, make_dictionary, random_batch, sample_of
 
 ARCHS = [a for a in fairseq_hardattn.registered_architectures() if "lstm" not in a]
 SEED = 7
 # (top-k, top-p, temperature)
 SETTINGS = [(-1, -1.0, 1.0), (5, -1.0, 1.0), (-1, 0.6, 1.0), (3, -1.0, 0.7)]
-
-
-def sample_of(dictionary, lengths=(9, 7, 6, 4, 3, 8), seed=2, ids=None):
-    src, src_lengths, _ = random_batch(dictionary, list(lengths), seed=seed)
-    ids = torch.arange(len(lengths)) if ids is None else torch.tensor(ids)
-    return {"id": ids, "net_input": {"src_tokens": src, "src_lengths": src_lengths}}
 
 
 def rows(sample, which):

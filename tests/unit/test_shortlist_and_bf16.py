@@ -22,14 +22,9 @@ from fairseq_hardattn.decoding.int8 import quantize_for_decoding
 from fairseq_hardattn.decoding.shortlist import Shortlist, restricted_projection
 from fairseq_hardattn.tools import shortlist_table
 
-from conftest import assert_same_hypotheses, decisive_model, make_dictionary, random_batch
+from conftest import assert_same_hypotheses, decisive_model, make_dictionary, sample_of
 
 ARCHS = [a for a in fairseq_hardattn.registered_architectures() if "lstm" not in a]
-
-
-def sample_of(dictionary, lengths=(9, 7, 6, 4, 3, 8), seed=2):
-    src, src_lengths, _ = random_batch(dictionary, list(lengths), seed=seed)
-    return {"id": torch.arange(len(lengths)), "net_input": {"src_tokens": src, "src_lengths": src_lengths}}
 
 
 def write_table(path, dictionary, always, rows):
