@@ -37,19 +37,27 @@ def onednn_linear_available() -> bool:
             and hasattr(ops, "_linear_pointwise"))
 
 
+def packable_weight(weight: torch.Tensor) -> bool:
+    """A float32 weight on the CPU, large enough to gain from packing."""
+    return weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.numel() >= MIN_PACKED_WEIGHT
+
+
 def packable(layer: nn.Module) -> bool:
     """A plain float32 Linear on the CPU, large enough to gain from packing."""
-    return (type(layer) is nn.Linear and layer.weight.device.type == "cpu"
-            and layer.weight.dtype == torch.float32 and layer.weight.numel() >= MIN_PACKED_WEIGHT
-            and "forward" not in vars(layer))
+    return type(layer) is nn.Linear and packable_weight(layer.weight) and "forward" not in vars(layer)
+
+
+def packed_product(weight: torch.Tensor, bias=None):
+    """``F.linear(x, weight, bias)`` on oneDNN's kernel, over a copy of
+    ``weight`` packed now (later changes to the weight are not seen)."""
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
+    bias = None if bias is None else bias.detach()
+    return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
 def packed_forward(layer: nn.Linear):
-    """``layer``'s forward on oneDNN's kernel, over a copy of its weight
-    packed now (later changes to the weight are not seen)."""
-    packed = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach())
-    bias = None if layer.bias is None else layer.bias.detach()
-    return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    """``layer``'s forward on oneDNN's kernel (``packed_product``)."""
+    return packed_product(layer.weight, layer.bias)
 
 
 _lock = threading.Lock()

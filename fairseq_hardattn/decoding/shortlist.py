@@ -90,11 +90,9 @@ def restricted_projection(projection, columns: Tensor):
         raise ConfigError("a shortlist needs the decoder's output projection to be a Linear layer "
                           "without bias (fairseq's Transformer's)")
     rows = weight.detach().index_select(0, columns)
-    if (rows.dtype == torch.float32 and rows.device.type == "cpu"
-            and rows.numel() >= packed_linear.MIN_PACKED_WEIGHT and packed_linear.onednn_linear_available()):
+    if packed_linear.packable_weight(rows) and packed_linear.onednn_linear_available():
         # as the whole projection runs in the search: oneDNN's Linear on rows packed once a batch
-        packed = torch.ops.mkldnn._reorder_linear_weight(rows)
-        return lambda features: torch.ops.mkldnn._linear_pointwise(features.contiguous(), packed, None,
-                                                                   "none", [], "")
+        product = packed_linear.packed_product(rows)
+        return lambda features: product(features.contiguous())
     transposed = rows.t().contiguous()
     return lambda features: torch.mm(features.to(transposed.dtype), transposed).float()
