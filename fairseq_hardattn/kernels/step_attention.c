@@ -63,8 +63,10 @@ static inline void add_scaled(float *out, const float *v, float w, int64_t n) {
         rows0, length, scale, mode, k, centres, window, gaussian, out
 
 /* Rows [first, end) of the step (see step_attention); returns 0, or 2 where
- * its scratch could not be allocated. */
-static int attend_rows(int64_t first, int64_t end, const float *q, STEP_PARAMETERS) {
+ * its scratch could not be allocated. Inlined into attend_rows for each
+ * head size it names. */
+static inline __attribute__((always_inline)) int attend_rows_body(int64_t first, int64_t end,
+                                                                   const float *q, STEP_PARAMETERS) {
     const int64_t positions = src_len + length;
     float *scores = malloc(heads * positions * sizeof *scores); /* [head][position]: scores, then weights */
     if (!scores) return 2;
@@ -213,6 +215,16 @@ static int attend_rows(int64_t first, int64_t end, const float *q, STEP_PARAMETE
     }
     free(scores);
     return 0;
+}
+
+/* The presets' head sizes (32: small, 64: Base) as constants, so that the
+ * compiler unrolls each dot product and scaled add: the same sums in the
+ * same order, without a loop's set-up for each head and position. */
+#define WITH_DIM(D) { const int64_t dim = (D); return attend_rows_body(first, end, q, STEP_ARGUMENTS); }
+static int attend_rows(int64_t first, int64_t end, const float *q, STEP_PARAMETERS) {
+    if (dim == 32) WITH_DIM(32)
+    if (dim == 64) WITH_DIM(64)
+    return attend_rows_body(first, end, q, STEP_ARGUMENTS);
 }
 
 /* q, out: (rows, heads, dim).

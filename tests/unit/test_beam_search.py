@@ -290,9 +290,10 @@ def test_the_candidates_kernel_is_logsumexp_and_topk(vocab, k):
     assert torch.equal(top, expected) and torch.equal(tokens, expected_tokens)
 
 
+@pytest.mark.parametrize("dim", [8, 32, 64])  # (32 and 64: the kernel's instances for those head sizes)
 @pytest.mark.parametrize("parts", ["lineage", "source", "both"])
 @pytest.mark.parametrize("mode", ["soft", "hard", "topk"])
-def test_the_step_kernel_attends_the_encoder_and_each_hypothesis_history(mode, parts):
+def test_the_step_kernel_attends_the_encoder_and_each_hypothesis_history(mode, parts, dim):
     """step_attention.c against PyTorch: the keys and values of the
     hypothesis's sentence (padding skipped; a time-major cache's strides) and
     of its ancestors, gathered, then one soft attention, hard retrieval's
@@ -300,7 +301,7 @@ def test_the_step_kernel_attends_the_encoder_and_each_hypothesis_history(mode, p
     from fairseq_hardattn.decoding.lineage import MODES
 
     g = torch.Generator().manual_seed(7)
-    capacity, rows0, heads, dim, rows, length, group, src_len = 9, 6, 2, 8, 6, 7, 3, 5
+    capacity, rows0, heads, rows, length, group, src_len = 9, 6, 2, 6, 7, 3, 5
     q = torch.randn(rows, heads, dim, generator=g)
     gathered_k, gathered_v, visible, source, lineage = [], [], [], None, None
     if parts != "lineage":
