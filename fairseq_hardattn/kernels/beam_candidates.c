@@ -6,7 +6,8 @@
  *
  * Per row: the maximum of every block of 64 logits (vectorised); the K-th
  * largest block maximum bounds the K-th largest logit from below, so only
- * the blocks reaching it are looked at one by one for the top K; then the sum
+ * the blocks reaching it are looked at, 16 logits at a time (a group whose
+ * maximum cannot enter the top K is passed over), for the top K; then the sum
  * of exp(x - max) with a polynomial exp the compiler vectorises (relative
  * error ~2e-7 per term; the normaliser to ~1e-6).
  *
@@ -91,9 +92,17 @@ static void candidate_rows(int64_t first, int64_t end, const float *logits, int6
             int special = has_special(start, width, cols, nspecial);
             if (!special && block_max[b] < bound)
                 continue;
-            for (int64_t j = start; j < start + width; ++j) {
-                if (special && is_special(j, cols, nspecial)) continue;
-                if (count < k || x[j] > vals[k - 1]) sorted_insert(vals, idx, &count, k, x[j], j);
+            /* by 16 logits: a group whose maximum does not beat the k-th
+             * best kept is skipped, and a logit below the bound is never kept */
+            for (int64_t group = start; group < start + width; group += 16) {
+                const int64_t end_group = group + 16 < start + width ? group + 16 : start + width;
+                if (!special && count == k && vals[k - 1] >= bound
+                        && max_of(x + group, end_group - group) <= vals[k - 1])
+                    continue;
+                for (int64_t j = group; j < end_group; ++j) {
+                    if (x[j] < bound || (special && is_special(j, cols, nspecial))) continue;
+                    if (count < k || x[j] > vals[k - 1]) sorted_insert(vals, idx, &count, k, x[j], j);
+                }
             }
         }
         for (int64_t s = 0; s < nspecial; ++s) {

@@ -290,6 +290,26 @@ def test_the_candidates_kernel_is_logsumexp_and_topk(vocab, k):
     assert torch.equal(top, expected) and torch.equal(tokens, expected_tokens)
 
 
+@pytest.mark.parametrize("vocab, k", [(1000, 8), (2213, 16), (130, 1), (300, 8)])
+def test_the_candidates_kernel_keeps_the_lower_token_first_among_equal_logits(vocab, k):
+    """beam_candidates.c with many equal logits (whole numbers), rows of
+    nearly all -inf and rows of one value: the best k by value, the lower
+    token first among equals, as a stable sort gives them."""
+    g = torch.Generator().manual_seed(vocab + k)
+    logits = torch.randn(10, vocab, generator=g).mul(2).round()
+    logits[1] = -math.inf
+    logits[1, vocab // 2:vocab // 2 + k + 2] = 3.0
+    logits[2] = 1.0
+    logits[3, ::7] = 9.0  # ties spread over every block
+    columns, adds = torch.tensor([1, 3, 2]), torch.tensor([math.nan, -2.5, math.nan])
+    top, tokens, _ = kernels.beam_candidates(logits, columns, adds, k)
+    adjusted = logits.clone()
+    adjusted[:, 1] = adjusted[:, 2] = -math.inf
+    adjusted[:, 3] -= 2.5
+    expected, order = adjusted.sort(dim=1, descending=True, stable=True)
+    assert torch.equal(top, expected[:, :k]) and torch.equal(tokens, order[:, :k])
+
+
 @pytest.mark.parametrize("dim", [8, 32, 64])  # (32 and 64: the kernel's instances for those head sizes)
 @pytest.mark.parametrize("parts", ["lineage", "source", "both"])
 @pytest.mark.parametrize("mode", ["soft", "hard", "topk"])
