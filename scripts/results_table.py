@@ -338,9 +338,32 @@ FILES_NOTE = (
     "them.")
 
 
+# pages whose figures are written beside the commands that remake them, not by
+# scripts/results.sh: their line of the file list after the link
+WRITTEN_BESIDE_COMMANDS = {
+    "corpus": (' ([corpus_speed.json](corpus_speed.json), '
+               '[corpus_speed_random_small.json](corpus_speed_random_small.json), '
+               '[corpus_speed_random_base.json](corpus_speed_random_base.json)): the corpus command '
+               'back-translating 100,000 lines against fairseq-interactive and CTranslate2, its memory'
+               " and a kill's cost (written beside its commands)"),
+    "below_float32": (' ([decoding_modes_bleu.json](decoding_modes_bleu.json), '
+                      '[shortlist_speed_small10k.json](shortlist_speed_small10k.json), '
+                      '[shortlist_speed_small32k.json](shortlist_speed_small32k.json), '
+                      '[shortlist_speed_base10k.json](shortlist_speed_base10k.json), '
+                      '[shortlist_speed_base32k.json](shortlist_speed_base32k.json), '
+                      '[shortlist_speed_small10k_k10.json](shortlist_speed_small10k_k10.json), the float32 '
+                      'and int8 rows measured again: shortlist_speed_fp32_*.json, '
+                      'shortlist_speed_int8_*.json): a vocabulary shortlist, bf16 and int8 against the exact '
+                      "engine, BLEU and speed, beside CTranslate2's int8 and vocabulary map (written beside "
+                      'its commands)'),
+}
+
+
 def files_section(results):
     rows = [f"- [{path.name}]({path.name}): {what}" for stem, what in EXPERIMENTS.OUTPUTS.items()
             for path in sorted(results.glob(stem + ".*")) if path.suffix in (".md", ".png")]
+    rows += [f"- [{stem}.md]({stem}.md){line}" for stem, line in WRITTEN_BESIDE_COMMANDS.items()
+             if (results / f"{stem}.md").exists()]
     return "\n## Files\n\n" + FILES_NOTE + "\n\n" + "\n".join(rows) + "\n" if rows else ""
 
 

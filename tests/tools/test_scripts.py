@@ -346,9 +346,13 @@ def test_results_table_fills_the_readme_markers(tmp_path):
         {"model": "transformer", "params": 5_000_000, "decode_speedup": 1.0},
         {"model": "transformer_soft_small", "params": 5_000_000, "decode_speedup": 1.85},
         {"model": "transformer_soft_small_int8", "params": 5_000_000, "decode_speedup": 2.25}]}))
+    # a page written beside its commands (not by results.sh) keeps its line in the file list
+    (results / "corpus.md").write_text("# the corpus command\n")
     readme = tmp_path / "README.md"
     readme.write_text("# title\n<!-- results:start -->\nold\n<!-- results:end -->\nrest\n")
     script("results_table.py", work, results, "--readme", readme)
+    assert "- [corpus.md](corpus.md) ([corpus_speed.json](corpus_speed.json)" in (results / "README.md").read_text()
+    assert "[below_float32.md]" not in (results / "README.md").read_text()  # (no such page here)
     text = readme.read_text()
     assert "old" not in text and text.startswith("# title\n") and text.endswith("rest\n")
     assert "| `transformer_soft_small` | soft attention, the plugin's decoding engine | 30.50 | 1.85x | " \
