@@ -343,7 +343,8 @@ FILES_NOTE = (
 WRITTEN_BESIDE_COMMANDS = {
     "corpus": (' ([corpus_speed.json](corpus_speed.json), '
                '[corpus_speed_random_small.json](corpus_speed_random_small.json), '
-               '[corpus_speed_random_base.json](corpus_speed_random_base.json)): the corpus command '
+               '[corpus_speed_random_base.json](corpus_speed_random_base.json), '
+               '[corpus_speed_20k_kernels.json](corpus_speed_20k_kernels.json)): the corpus command '
                'back-translating 100,000 lines against fairseq-interactive and CTranslate2, its memory'
                " and a kill's cost (written beside its commands)"),
     "below_float32": (' ([decoding_modes_bleu.json](decoding_modes_bleu.json), '
@@ -351,7 +352,9 @@ WRITTEN_BESIDE_COMMANDS = {
                       '[shortlist_speed_small32k.json](shortlist_speed_small32k.json), '
                       '[shortlist_speed_base10k.json](shortlist_speed_base10k.json), '
                       '[shortlist_speed_base32k.json](shortlist_speed_base32k.json), '
-                      '[shortlist_speed_small10k_k10.json](shortlist_speed_small10k_k10.json), the float32 '
+                      '[shortlist_speed_small10k_k10.json](shortlist_speed_small10k_k10.json), '
+                      '[shortlist_speed_int8_small10k_k10_kernels.json]'
+                      '(shortlist_speed_int8_small10k_k10_kernels.json), the float32 '
                       'and int8 rows measured again: shortlist_speed_fp32_*.json, '
                       'shortlist_speed_int8_*.json): a vocabulary shortlist, bf16 and int8 against the exact '
                       "engine, BLEU and speed, beside CTranslate2's int8 and vocabulary map (written beside "
