@@ -23,6 +23,7 @@
 #include "sorted_insert.h"
 
 #define BLOCK 64
+#define GROUP 16 /* logits at a time in a scanned block */
 
 static float sum_exp(const float *x, int64_t n, float max) {
     float sum = 0.0f;
@@ -92,10 +93,10 @@ static void candidate_rows(int64_t first, int64_t end, const float *logits, int6
             int special = has_special(start, width, cols, nspecial);
             if (!special && block_max[b] < bound)
                 continue;
-            /* by 16 logits: a group whose maximum does not beat the k-th
+            /* by GROUP logits: a group whose maximum does not beat the k-th
              * best kept is skipped, and a logit below the bound is never kept */
-            for (int64_t group = start; group < start + width; group += 16) {
-                const int64_t end_group = group + 16 < start + width ? group + 16 : start + width;
+            for (int64_t group = start; group < start + width; group += GROUP) {
+                const int64_t end_group = group + GROUP < start + width ? group + GROUP : start + width;
                 if (!special && count == k && vals[k - 1] >= bound
                         && max_of(x + group, end_group - group) <= vals[k - 1])
                     continue;

@@ -226,6 +226,7 @@ static int attend_rows(int64_t first, int64_t end, const float *q, STEP_PARAMETE
     if (dim == 64) WITH_DIM(64)
     return attend_rows_body(first, end, q, STEP_ARGUMENTS);
 }
+#undef WITH_DIM
 
 /* q, out: (rows, heads, dim).
  * Source (src_len > 0): src_keys, src_values with strides sentence_stride,
