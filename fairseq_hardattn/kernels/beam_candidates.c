@@ -97,8 +97,7 @@ static void candidate_rows(int64_t first, int64_t end, const float *logits, int6
              * best kept is skipped, and a logit below the bound is never kept */
             for (int64_t group = start; group < start + width; group += GROUP) {
                 const int64_t end_group = group + GROUP < start + width ? group + GROUP : start + width;
-                if (!special && count == k && vals[k - 1] >= bound
-                        && max_of(x + group, end_group - group) <= vals[k - 1])
+                if (count == k && max_of(x + group, end_group - group) <= vals[k - 1])
                     continue;
                 for (int64_t j = group; j < end_group; ++j) {
                     if (x[j] < bound || (special && is_special(j, cols, nspecial))) continue;
