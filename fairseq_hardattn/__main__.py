@@ -43,17 +43,25 @@ def build_parser():
     return parser
 
 
-def main(argv):
-    if argv and argv[0] == "translate":
+def run_command(name, argv):
+    if name == "translate":
         from .corpus.command import main as translate
 
-        return translate(argv[1:])
-    if argv and argv[0] == "shortlist":
+        translate(argv)
+    else:
         from . import compat
         from .tools.shortlist_table import main as shortlist
 
         compat.install_for_command_line()  # one-line errors
-        return shortlist(argv[1:])
+        shortlist(argv)
+
+
+def main(argv):
+    if argv and argv[0] in COMMANDS:
+        from .compat.command_line import end_finished_command
+
+        run_command(argv[0], argv[1:])
+        end_finished_command()
     if build_parser().parse_args(argv).install_startup_hook:
         from .startup_hook import install
 

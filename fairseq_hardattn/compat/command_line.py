@@ -33,6 +33,10 @@ handling).
 - A closed output pipe (``fairseq-generate ... | head``) ends the command
   quietly, with the status of a process that SIGPIPE ended (141), as other
   command-line tools end; fairseq printed a BrokenPipeError traceback.
+- The plugin's own commands (``python -m fairseq_hardattn translate``,
+  ``shortlist``), once done, end without the interpreter's teardown
+  (``end_finished_command``): their exit functions run and their streams
+  are flushed, and the second spent freeing every loaded module is not.
 - Every process the command forks (its decoding workers, fairseq's data
   loader workers) dies with it, however it ends, SIGKILL included (Linux's
   parent death signal, or a watch of the parent:
@@ -41,6 +45,7 @@ handling).
 """
 
 import argparse
+import atexit
 import difflib
 import functools
 import logging
@@ -98,6 +103,20 @@ def _stop_children():
 def _end_now(status: int):
     _stop_children()
     os._exit(status)
+
+
+def end_finished_command():
+    """End a command that has done its work, status 0: its exit functions run
+    (logging's last lines, multiprocessing's clean-up), its standard streams
+    are flushed, and the interpreter's teardown is skipped (freeing every
+    module that fairseq, PyTorch and SciPy loaded: about a second)."""
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe or stream: nothing more to say there
+            pass
+    os._exit(0)
 
 
 def _stop(number, frame):

@@ -158,6 +158,28 @@ def test_another_commands_output_is_refused_unless_overwrite(trained_checkpoints
     assert len(output.read_text().splitlines()) == len(sources)
 
 
+def test_a_finished_run_ends_with_its_exit_functions_and_streams_done(trained_checkpoints, reorder_data, sources,
+                                                                       tmp_path):
+    """A run that has done its work skips the interpreter's teardown (freeing
+    every module fairseq and PyTorch loaded) but nothing an exit owes: the
+    process's exit functions run and what its streams hold is written."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    marker = tmp_path / "exit-functions-ran"
+    (hooks / "sitecustomize.py").write_text(  # (a line without its end stays in stdout's buffer)
+        "import atexit, sys\n"
+        f"atexit.register(lambda: (open({str(marker)!r}, 'w').close(), sys.stdout.write('at exit')))\n")
+    source = tmp_path / "in.txt"
+    source.write_text("\n".join(sources[:3]) + "\n")
+    proc = subprocess.run([sys.executable, "-m", "fairseq_hardattn",
+                           *arguments(reorder_data, trained_checkpoints["soft"], source, tmp_path / "out.txt")],
+                          env=tool_env(PYTHONPATH=str(hooks)), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert marker.exists() and proc.stdout == "at exit"
+    assert proc.stderr.splitlines()[-1].endswith("(3 lines)")
+    assert len((tmp_path / "out.txt").read_text().splitlines()) == 3
+
+
 @pytest.mark.parametrize("arguments, expected", [
     (["--input", "missing.txt", "--output", "out.txt"], "--input missing.txt: no such readable file"),
     (["--input", "in.txt", "--output", "no/such/folder/out.txt"], "the folder"),
