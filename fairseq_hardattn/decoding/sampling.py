@@ -97,8 +97,8 @@ class SentenceDraws:
         quotients and the same first maximum), drawn per sentence into one
         tensor so that the rest is one operation for the batch."""
         q = torch.empty_like(probs, memory_format=torch.contiguous_format)
-        for s, generator in enumerate(self.generators):
-            q[s].exponential_(generator=generator)
+        for sentence, generator in zip(q.unbind(0), self.generators):  # (unbind: one call for every view)
+            sentence.exponential_(generator=generator)
         return torch.div(probs, q, out=q).argmax(dim=2)
 
     def _nucleus(self, lprobs: Tensor) -> Tuple[Tensor, Tensor]:
