@@ -7,7 +7,8 @@ CTranslate2 on the same weights. Prints sentences/s, the output tokens, how
 many translations are the same, and the engine's steps with the rows each
 decoded: a batch runs until its last sentence ends, so most steps are the
 tail of a few sentences, where a step's fixed cost, not its arithmetic,
-decides the rate. Needs ctranslate2.
+decides the rate; and the time by a step's rows, with what the steps would
+take were every row as cheap as in full ones. Needs ctranslate2.
 
 Example: research/real_data_peer.py --data work/deen/data-bin
     --path work/deen/checkpoints/checkpoint_best.pt --subset test --batch-size 64
@@ -60,11 +61,12 @@ def main(argv=None):
     batches = list(task.get_batch_iterator(task.dataset(args.subset), max_sentences=args.batch_size,
                                            disable_iterator_cache=True).next_epoch_itr(shuffle=False))
     d = task.target_dictionary
-    rows = []
+    rows, began_at = [], []  # each step's rows, and when it began (None: a batch's first step)
     step = beam_search.StepLogits.__call__
 
     def counted(self, prefix, one_per_sentence):
         rows.append(prefix.size(0))
+        began_at.append(time.perf_counter() if prefix.size(1) > 1 else None)  # (size 1: step 0)
         return step(self, prefix, one_per_sentence)
 
     if args.modules_step:
@@ -99,6 +101,26 @@ def main(argv=None):
     print(f"engine steps: {len(rows)} over {len(batches)} batches of {args.batch_size}; rows a step: mean "
           f"{statistics.mean(rows):.0f}, first {args.batch_size * args.beam}; steps with fewer than 16 rows "
           f"(4 sentences at beam 4): {sum(r < 16 for r in rows)}")
+    print(steps_by_rows(rows, began_at, args.batch_size * args.beam))
+
+
+def steps_by_rows(rows, began_at, full):
+    """Where the search's time goes by a step's rows: each step timed from
+    its start to the next one's within a batch (the search's work between
+    them included; a batch's first and last steps are not timed), and what
+    the timed steps would take were every row as cheap as in steps of at
+    least half the batch's rows (the bound of a search that refilled its
+    batch as sentences end)."""
+    spans = [(r, later - start) for r, start, later in zip(rows, began_at, began_at[1:])
+             if start is not None and later is not None]
+    timed = sum(t for _, t in spans)
+    large = [(r, t) for r, t in spans if 2 * r >= full]
+    per_row = sum(t for _, t in large) / sum(r for r, _ in large)
+    small = [(r, t) for r, t in spans if r < 16]
+    return (f"timed steps {timed:.2f} s; steps with fewer than 16 rows {sum(t for _, t in small):.2f} s "
+            f"({len(small)} steps, {sum(r for r, _ in small)} rows); steps of at least {full // 2} rows "
+            f"{sum(t for _, t in large):.2f} s, {per_row * 1e6:.1f} us a row; every row at that cost: "
+            f"{per_row * sum(r for r, _ in spans):.2f} s")
 
 
 if __name__ == "__main__":

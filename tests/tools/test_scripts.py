@@ -717,3 +717,20 @@ def test_decoding_modes_bleu_against_the_exact_engine(trained_checkpoints, reord
         assert re.search(rf"^\| hard \| {re.escape(mode)} \| [\d.]+ \| [+-][\d.]+ \|$", text, re.M), mode
     assert "| hard | exact | " in text and "+0.00 |" in text
     assert re.search(r"^- hard, shortlist: (k = 3 chosen on test|no k within 0.2)", text, re.M)
+
+
+def test_real_data_peer_times_each_step_to_the_next_of_its_batch():
+    """research/real_data_peer.py's timing by rows: a step is timed up to the
+    next step of its batch (a batch's first step, marked None, and its last
+    are not); steps of at least half the batch's rows set the cost of a row,
+    and every timed row at that cost is the bound it prints."""
+    spec = importlib.util.spec_from_file_location("real_data_peer", REPO / "research" / "real_data_peer.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = [4, 16, 16, 2, 2, 4, 16, 8]
+    began_at = [None, 0.0, 2.0, 4.0, 4.5, None, 10.0, 11.0]
+    line = module.steps_by_rows(rows, began_at, 16)
+    # timed: 16 rows 2 s, 16 rows 2 s, 2 rows 0.5 s, 16 rows 1 s; a row of a full step 5 s / 48
+    assert "timed steps 5.50 s" in line and "fewer than 16 rows 0.50 s (1 steps, 2 rows)" in line
+    assert "steps of at least 8 rows 5.00 s, 104166.7 us a row" in line
+    assert line.endswith(f"every row at that cost: {5 / 48 * 50:.2f} s")
