@@ -48,7 +48,7 @@ def run_command(name, argv):
         from .corpus.command import main as translate
 
         translate(argv)
-    else:
+    elif name == "shortlist":
         from . import compat
         from .tools.shortlist_table import main as shortlist
 

@@ -115,6 +115,8 @@ def steps_by_rows(rows, began_at, full):
              if start is not None and later is not None]
     timed = sum(t for _, t in spans)
     large = [(r, t) for r, t in spans if 2 * r >= full]
+    if not large:
+        return f"timed steps {timed:.2f} s; none of at least {full // 2} rows to set a row's cost"
     per_row = sum(t for _, t in large) / sum(r for r, _ in large)
     small = [(r, t) for r, t in spans if r < 16]
     return (f"timed steps {timed:.2f} s; steps with fewer than 16 rows {sum(t for _, t in small):.2f} s "

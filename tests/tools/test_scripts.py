@@ -734,3 +734,4 @@ def test_real_data_peer_times_each_step_to_the_next_of_its_batch():
     assert "timed steps 5.50 s" in line and "fewer than 16 rows 0.50 s (1 steps, 2 rows)" in line
     assert "steps of at least 8 rows 5.00 s, 104166.7 us a row" in line
     assert line.endswith(f"every row at that cost: {5 / 48 * 50:.2f} s")
+    assert module.steps_by_rows([4, 2, 2], [None, 0.0, 1.0], 16).endswith("none of at least 8 rows to set a row's cost")
