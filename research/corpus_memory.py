@@ -16,9 +16,7 @@ import argparse
 import os
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -38,10 +36,11 @@ def parse_args(argv=None):
 
 def main(argv=None):
     from fairseq_hardattn.tools.process_memory import tree_pss_mb
+    from fairseq_hardattn.tools.scratch import scratch_folder
 
     args = parse_args(argv)
     buffer_lines = int(args.command[args.command.index("--buffer-size") + 1])
-    output = Path(tempfile.mkdtemp(prefix="corpus-memory-")) / "out.txt"
+    output = scratch_folder("corpus-memory-") / "out.txt"
     parts = output.with_name(output.name + ".parts")
     process = subprocess.Popen([sys.executable, "-m", "fairseq_hardattn", "translate", *args.command,
                                 "--output", str(output), "--no-progress-bar"],

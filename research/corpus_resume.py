@@ -20,9 +20,7 @@ import random
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 
 def parse_args(argv=None):
@@ -51,8 +49,9 @@ def start(command, output):
 
 def main(argv=None):
     args = parse_args(argv)
-    work = Path(args.work_dir or tempfile.mkdtemp(prefix="corpus-resume-"))
-    work.mkdir(parents=True, exist_ok=True)
+    from fairseq_hardattn.tools.scratch import scratch_folder
+
+    work = scratch_folder("corpus-resume-", keep=args.work_dir)
     whole, stopped = work / "whole.txt", work / "stopped.txt"
     for path in (whole, stopped):
         if path.exists():

@@ -18,7 +18,6 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -51,6 +50,7 @@ def main(argv=None):
     from fairseq_hardattn import compat
     from fairseq_hardattn.decoding import PluginBeamSearch, beam_search, direct_step
     from fairseq_hardattn.tools.ctranslate2_peer import convert
+    from fairseq_hardattn.tools.scratch import scratch_folder
 
     with compat.loading():
         models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([args.path],
@@ -84,7 +84,7 @@ def main(argv=None):
 
     import ctranslate2
 
-    translator = ctranslate2.Translator(convert(model, d, tempfile.mkdtemp(prefix="peer-")), device="cpu",
+    translator = ctranslate2.Translator(convert(model, d, str(scratch_folder("peer-"))), device="cpu",
                                         compute_type="float32", inter_threads=1, intra_threads=1)
     sources = [[[d[t] for t in row.tolist() if t not in (d.pad(), d.eos())] for row in b["net_input"]["src_tokens"]]
                for b in batches]

@@ -34,7 +34,6 @@ import random
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -242,8 +241,9 @@ def growth_after(samples, lines=10000):
 
 def main(argv=None):
     args = parse_args(argv)
-    work = Path(args.work_dir or tempfile.mkdtemp(prefix="corpus-bench-"))
-    work.mkdir(parents=True, exist_ok=True)
+    from fairseq_hardattn.tools.scratch import scratch_folder
+
+    work = scratch_folder("corpus-bench-", keep=args.work_dir)
     caps = {k: int(v) for k, v in (item.split("=", 1) for item in args.lines_of)}
     model, cfg, task = load(args.data, args.path)
     with_ct2 = any(system.startswith("ct2") for system in args.systems)

@@ -28,7 +28,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USER_DIR = os.path.join(REPO, "fairseq_hardattn")
@@ -182,7 +181,9 @@ def main(argv=None):
     from fairseq_hardattn.tools.reporting import write_outputs
 
     args = parse_args(argv)
-    work = tempfile.mkdtemp(prefix="generate-cores-")
+    from fairseq_hardattn.tools.scratch import scratch_folder
+
+    work = str(scratch_folder("generate-cores-"))
     older, _ = checkpoint_and_data(args, work)
     from ctranslate2.converters import FairseqConverter
 

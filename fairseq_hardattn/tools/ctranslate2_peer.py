@@ -10,11 +10,11 @@ needed by the plugin.
 
 import argparse
 import os
-import tempfile
 from typing import Callable, List
 
 from ..errors import ConfigError
 from ..modules import CachedProjectionAttention, SoftAttention
+from .scratch import scratch_folder
 
 COMPUTE_TYPES = ("float32", "int8", "int8_float32", "int16")
 
@@ -124,7 +124,7 @@ def peers(specs, models, dictionary, batches, beam, fixed_output_len, threads, o
     except ImportError:
         raise ConfigError("--ctranslate2 needs the ctranslate2 package (pip install -e .[bench])") from None
     runs, converted = {}, {}
-    work = tempfile.mkdtemp(prefix="ct2-")
+    work = str(scratch_folder("ct2-"))
     for text in specs or []:
         name, _, source = text.partition("=")
         model_name, _, compute_type = source.partition(":")

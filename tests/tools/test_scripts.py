@@ -735,3 +735,21 @@ def test_real_data_peer_times_each_step_to_the_next_of_its_batch():
     assert "steps of at least 8 rows 5.00 s, 104166.7 us a row" in line
     assert line.endswith(f"every row at that cost: {5 / 48 * 50:.2f} s")
     assert module.steps_by_rows([4, 2, 2], [None, 0.0, 1.0], 16).endswith("none of at least 8 rows to set a row's cost")
+
+
+@pytest.mark.parametrize("ending", ["returns", "raises"])
+def test_a_scripts_scratch_folder_is_gone_when_its_process_ends(tmp_path, ending):
+    """tools/scratch.py: the folder a benchmark converts and writes in is
+    removed when its process ends, by an exception too; a --work-dir given
+    (``keep``) stays."""
+    kept = tmp_path / "kept"
+    code = ("import sys\nfrom fairseq_hardattn.tools.scratch import scratch_folder\n"
+            "folder = scratch_folder('scratch-test-')\n(folder / 'model.bin').write_bytes(b'x' * 1000)\n"
+            f"assert scratch_folder('unused-', keep={str(kept)!r}) == __import__('pathlib').Path({str(kept)!r})\n"
+            "print(folder, flush=True)\n" + ("raise RuntimeError('a failed run')\n" if ending == "raises" else ""))
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=tool_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == (1 if ending == "raises" else 0), proc.stderr[-2000:]
+    folder = Path(proc.stdout.strip())
+    assert folder.name.startswith("scratch-test-") and not folder.exists()
+    assert kept.is_dir()
