@@ -428,13 +428,15 @@ class WorkerPool:
             process.join(timeout=1)
         self.kill()
 
-    def kill(self):
+    def kill(self, wait=True):
         """End the workers now (SIGKILL: a worker writes nothing a kill
-        could leave half done) and give back what the pool holds."""
+        could leave half done) and give back what the pool holds. Without
+        ``wait`` nothing here blocks: multiprocessing reaps the workers at its
+        next start or at exit."""
         for process in self.processes:
             if process.is_alive():
                 process.kill()
-        for process in self.processes:
+        for process in self.processes if wait else ():
             process.join(timeout=1)
         for connection in self.connections:
             connection.close()
@@ -547,7 +549,10 @@ class ParallelBatches:
             if _searching:  # another thread decodes (a threaded server): this call decodes here
                 return None
             self._pool = WorkerPool(self, workers)
-        weakref.finalize(self, self._pool.close)
+        # a generator dropped with its workers (the hub's, after each call): a
+        # finalizer that waited would be where Ctrl-C lands, and its exception
+        # raised there is only reported, never reaching the program
+        weakref.finalize(self, self._pool.kill, wait=False)
         logger.info("decoding %d batches at a time, in %d worker processes of one thread each "
                     "(--decoding-workers %s%s), the model's weights shared", workers, workers,
                     setting, f": the {workers} threads this process may use" if setting == AUTO else "")

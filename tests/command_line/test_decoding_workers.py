@@ -187,6 +187,30 @@ def test_a_workers_error_reaches_the_caller(monkeypatch):
     generator.close_workers()
 
 
+def test_a_generator_dropped_with_its_workers_ends_them_without_waiting(monkeypatch):
+    # the hub drops its generator after each call: had the finalizer waited for
+    # the workers, a Ctrl-C arriving then would raise there and be lost
+    model, d = prepared_model()
+    generator = PluginBeamSearch([model], d, beam_size=2, max_len_b=6)
+    decode_as_fairseq_generate(generator, batches_of(d, count=4))
+    processes = list(generator._pool.processes)
+    assert all(p.is_alive() for p in processes)
+    lost = []
+
+    def interrupted_wait(self, timeout=None):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(multiprocessing.process.BaseProcess, "join", interrupted_wait)
+        m.setattr(sys, "unraisablehook", lost.append)
+        del generator
+        gc.collect()
+    assert lost == []
+    for process in processes:
+        process.join(timeout=5)
+        assert process.exitcode == -9
+
+
 def test_a_dead_worker_is_replaced_by_this_process_with_one_warning(caplog):
     model, d = prepared_model()
     samples = batches_of(d, count=6)
