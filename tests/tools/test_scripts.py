@@ -753,3 +753,25 @@ def test_a_scripts_scratch_folder_is_gone_when_its_process_ends(tmp_path, ending
     folder = Path(proc.stdout.strip())
     assert folder.name.startswith("scratch-test-") and not folder.exists()
     assert kept.is_dir()
+
+
+def test_shortlist_bound_measures_the_vocabularys_share_of_a_step(tmp_path):
+    """research/shortlist_bound.py on a tiny random model: the time over the
+    vocabulary is a part of each system's decoding time, the kept share is a
+    batch's candidates, and the bound is the formula of both."""
+    words = [f"t{i}" for i in range(40)]
+    (tmp_path / "dict.txt").write_text("".join(f"{w} {100 - i}\n" for i, w in enumerate(words)))
+    (tmp_path / "text").write_text("".join(" ".join(words[(i * 7 + j) % 40] for j in range(5)) + "\n"
+                                           for i in range(12)))
+    (tmp_path / "vmap").write_text("\tt0 t1\n" + "".join(f"{w}\t{w} t{(i + 1) % 40}\n" for i, w in enumerate(words)))
+    out = tmp_path / "bound.json"
+    script("shortlist_bound.py", "--vocab", 300, "--text", tmp_path / "text", "--dictionary", tmp_path / "dict.txt",
+           "--shortlist", tmp_path / "vmap", "--sentences", 12, "--batch", 4, "--len", 4, "--rounds", 1,
+           "--json", out)
+    figures = json.loads(out.read_text())
+    for seconds in figures["seconds"].values():
+        assert 0 < seconds["vocabulary"] < seconds["total"]
+    assert 0 < figures["kept"] < 0.2  # some 2 x 20 words and the specials of 300 tokens
+    exact = figures["seconds"]["exact"]
+    assert figures["vocabulary_share"] == pytest.approx(exact["vocabulary"] / exact["total"])
+    assert figures["bound"] == pytest.approx(1 / (1 - figures["vocabulary_share"] * (1 - figures["kept"])))
