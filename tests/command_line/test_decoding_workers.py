@@ -197,11 +197,13 @@ def test_a_generator_dropped_with_its_workers_ends_them_without_waiting(monkeypa
     assert all(p.is_alive() for p in processes)
     lost = []
 
-    def interrupted_wait(self, timeout=None):
+    def interrupted_wait(timeout=None):
         raise KeyboardInterrupt
 
+    gc.collect()  # (other tests' garbage: its finalizers are not this test's)
     with monkeypatch.context() as m:
-        m.setattr(multiprocessing.process.BaseProcess, "join", interrupted_wait)
+        for process in processes:
+            m.setattr(process, "join", interrupted_wait)
         m.setattr(sys, "unraisablehook", lost.append)
         del generator
         gc.collect()
