@@ -74,7 +74,7 @@ class VocabularyTime:
         def timed_features(self, prefix, encoder_out):
             start = time.perf_counter()
             found = features(self, prefix, encoder_out)
-            self._features_seconds = self.__dict__.get("_features_seconds", 0.0) + time.perf_counter() - start
+            self._features_seconds += time.perf_counter() - start  # (set to 0 by its step)
             return found
 
         def timed_candidates(*args, **kwargs):
@@ -99,7 +99,7 @@ def main(argv=None):
     from fairseq_hardattn.decoding import PluginBeamSearch, beam_search
     from fairseq_hardattn.tools.scratch import scratch_folder
 
-    work = str(scratch_folder("shortlist_bound"))
+    work = str(scratch_folder("shortlist-bound-"))
     with warnings.catch_warnings():  # (hydra's deprecation notes, as a training parser leaves them)
         warnings.simplefilter("ignore")
         benchmark_module().checkpoint_and_data(argparse.Namespace(**vars(args), shortlist_k=None), work)
