@@ -42,6 +42,12 @@ handling).
   parent death signal, or a watch of the parent:
   ``decoding.workers.die_with_parent``); PyTorch's data loader workers
   otherwise noticed a dead parent after up to 5 s.
+- Nothing is left in the temporary folder. fairseq's data loader workers
+  (persistent) live until the command ends, when multiprocessing stops them
+  before they remove the folder each made to hand tensors over
+  (``/tmp/pymp-*``): one a run. The command makes that folder first, so that
+  the processes it forks use it too, and removes it however it ends
+  (``_share_temporary_folder``).
 """
 
 import argparse
@@ -50,9 +56,11 @@ import difflib
 import functools
 import logging
 import multiprocessing
+import multiprocessing.util
 import os
 import re
 import select
+import shutil
 import signal
 import sys
 import threading
@@ -67,6 +75,8 @@ _installed_in = None  # the process that installed the handlers (a worker forked
 # the process forking now, and whether its main thread forks (set before each
 # fork; its child reads them)
 _forked_by = None, False
+_temporary_folder = None  # multiprocessing's, made by the command (removed by it)
+SOCKET_PATH_BYTES = 107  # a Unix socket's path (sun_path, its final NUL left out)
 
 
 def running_a_fairseq_command() -> bool:
@@ -100,8 +110,22 @@ def _stop_children():
             pass
 
 
+def _share_temporary_folder():
+    """multiprocessing's temporary folder of this process, made now: a process
+    forked later finds it in the configuration it inherits and makes none of
+    its own, and this process's exit functions remove it (``_end_now`` too)."""
+    global _temporary_folder
+    _temporary_folder = multiprocessing.util.get_temp_dir()
+    if len(os.fsencode(_temporary_folder)) + len("/listener-12345678") > SOCKET_PATH_BYTES:
+        _say(f"warning: the temporary folder {_temporary_folder} is too long a path for the sockets "
+             f"of fairseq's data loader workers (at most {SOCKET_PATH_BYTES} bytes): with --num-workers "
+             f"above 0 the command would stall (OSError: AF_UNIX path too long); set a shorter TMPDIR")
+
+
 def _end_now(status: int):
     _stop_children()
+    if _temporary_folder is not None and os.getpid() == _installed_in:
+        shutil.rmtree(_temporary_folder, ignore_errors=True)
     os._exit(status)
 
 
@@ -165,6 +189,7 @@ def install_endings():
     if _installed_in is None:
         os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
     _installed_in = os.getpid()
+    _share_temporary_folder()
     for name in ENDING_SIGNALS:
         number = getattr(signal, name, None)
         # one ignored by whoever started the command stays ignored (nohup: SIGHUP;

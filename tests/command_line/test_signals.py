@@ -7,9 +7,11 @@ quietly; SIGKILL leaves no worker; workers never hold the command's stdin."""
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -255,3 +257,58 @@ def test_a_signal_the_command_was_started_ignoring_stays_ignored(long_task):
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
     assert err.splitlines()[-1] == "fairseq-hardattn: stopped by SIGTERM"
+
+
+@pytest.fixture
+def short_folder():
+    """An empty folder with a short path: a worker's socket is made in the
+    temporary folder, and a socket's path has at most 107 bytes (under
+    pytest's ``tmp_path`` the data loader's worker failed to hand its batches
+    over, and fairseq waited for them for ever)."""
+    folder = tempfile.mkdtemp(prefix="tmp-")
+    yield Path(folder)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_command_leaves_nothing_in_the_temporary_folder_however_it_ends(long_task, short_folder):
+    """fairseq-generate with fairseq's data loader worker (``--num-workers
+    1``, fairseq's default) and the decoding workers: finished, or stopped by
+    SIGTERM mid-way, it leaves no folder of multiprocessing's
+    (``pymp-*``) behind."""
+    data, checkpoint, _ = long_task
+    command = [str(BIN_DIR / "fairseq-generate"), str(data), "--user-dir", USER_DIR, "--path", str(checkpoint),
+               "--num-workers", "1"]
+    finished, stopped = short_folder / "finished", short_folder / "stopped"
+    finished.mkdir()
+    stopped.mkdir()
+    proc = subprocess.run(command + ["--beam", "2", "--batch-size", "50", "--cpu", "--max-len-b", "5"],
+                          env=tool_env(TMPDIR=str(finished)), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert len(re.findall(r"^H-", proc.stdout, re.M)) == 400
+    assert list(finished.iterdir()) == []
+
+    proc = subprocess.Popen(command + list(map(str, SLOW)), env=tool_env(TMPDIR=str(stopped)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().startswith("S-")  # decoding, in the workers
+    assert list(stopped.iterdir()) != []  # the folder is there while the command runs
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert list(stopped.iterdir()) == []
+
+
+def test_a_temporary_folder_too_long_for_sockets_is_one_warning(long_task, tmp_path):
+    """A TMPDIR whose sockets' paths would pass 107 bytes: fairseq's data
+    loader worker could not hand batches over and the command would stall;
+    the command says so at its start (and runs with ``--num-workers 0``)."""
+    data, checkpoint, _ = long_task
+    folder = tmp_path / ("t" * 90)
+    folder.mkdir()
+    proc = subprocess.run([str(BIN_DIR / "fairseq-generate"), str(data), "--user-dir", USER_DIR, "--path",
+                           str(checkpoint), "--num-workers", "0", "--beam", "2", "--batch-size", "50", "--cpu",
+                           "--max-len-b", "5"],
+                          env=tool_env(TMPDIR=str(folder)), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    warnings = [line for line in proc.stderr.splitlines() if "AF_UNIX path too long" in line]
+    assert len(warnings) == 1 and warnings[0].startswith("fairseq-hardattn: warning: "), proc.stderr[-2000:]
+    assert list(folder.iterdir()) == []
