@@ -77,6 +77,7 @@ _installed_in = None  # the process that installed the handlers (a worker forked
 _forked_by = None, False
 _temporary_folder = None  # multiprocessing's, made by the command (removed by it)
 SOCKET_PATH_BYTES = 107  # a Unix socket's path (sun_path, its final NUL left out)
+SOCKET_NAME = "/listener-12345678"  # how multiprocessing names a socket in its folder (8 random letters)
 
 
 def running_a_fairseq_command() -> bool:
@@ -116,7 +117,7 @@ def _share_temporary_folder():
     its own, and this process's exit functions remove it (``_end_now`` too)."""
     global _temporary_folder
     _temporary_folder = multiprocessing.util.get_temp_dir()
-    if len(os.fsencode(_temporary_folder)) + len("/listener-12345678") > SOCKET_PATH_BYTES:
+    if len(os.fsencode(_temporary_folder)) + len(SOCKET_NAME) > SOCKET_PATH_BYTES:
         _say(f"warning: the temporary folder {_temporary_folder} is too long a path for the sockets "
              f"of fairseq's data loader workers (at most {SOCKET_PATH_BYTES} bytes): with --num-workers "
              f"above 0 the command would stall (OSError: AF_UNIX path too long); set a shorter TMPDIR")
