@@ -27,6 +27,8 @@ STAGES = ("loading", "first batch", "mid-way")
 # slow enough to be stopped mid-way: every hypothesis runs 80 steps, two sentences a batch
 SLOW = ["--beam", 8, "--batch-size", 2, "--min-len", 80, "--max-len-b", 80, "--cpu",
         "--model-overrides", "{'decoding_workers': 2}"]
+# done in seconds: a decoding that ends by itself
+QUICK = ["--beam", 2, "--batch-size", 50, "--cpu", "--max-len-b", 5]
 ENDS_WITHIN = 1.0  # seconds from the signal to the command's end
 GONE_WITHIN = 2.0  # seconds from the signal to the last of its processes' end
 
@@ -281,8 +283,8 @@ def test_a_command_leaves_nothing_in_the_temporary_folder_however_it_ends(long_t
     finished, stopped = short_folder / "finished", short_folder / "stopped"
     finished.mkdir()
     stopped.mkdir()
-    proc = subprocess.run(command + ["--beam", "2", "--batch-size", "50", "--cpu", "--max-len-b", "5"],
-                          env=tool_env(TMPDIR=str(finished)), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(command + list(map(str, QUICK)), env=tool_env(TMPDIR=str(finished)),
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert len(re.findall(r"^H-", proc.stdout, re.M)) == 400
     assert list(finished.iterdir()) == []
@@ -305,8 +307,7 @@ def test_a_temporary_folder_too_long_for_sockets_is_one_warning(long_task, tmp_p
     folder = tmp_path / ("t" * 90)
     folder.mkdir()
     proc = subprocess.run([str(BIN_DIR / "fairseq-generate"), str(data), "--user-dir", USER_DIR, "--path",
-                           str(checkpoint), "--num-workers", "0", "--beam", "2", "--batch-size", "50", "--cpu",
-                           "--max-len-b", "5"],
+                           str(checkpoint), "--num-workers", "0", *map(str, QUICK)],
                           env=tool_env(TMPDIR=str(folder)), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     warnings = [line for line in proc.stderr.splitlines() if "AF_UNIX path too long" in line]
