@@ -31,7 +31,7 @@ setup(
     extras_require={
         # pytest 9.2's structured node ids silently break xdist's loadgroup
         # (pytest-xdist#1386): grouped tests would each set up their fixtures
-        "test": ["pytest>=7,<9.2", "pytest-xdist>=3"],
+        "test": ["pytest>=7,<9.2", "pytest-xdist>=3", "pytest-timeout>=2.1"],
         "plots": ["matplotlib>=3.5"],
         # the decoding benchmarks' peer (tools/ctranslate2_peer.py); never needed by the plugin
         "bench": ["ctranslate2>=4.0"],

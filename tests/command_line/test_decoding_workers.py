@@ -260,6 +260,7 @@ def test_threads_decoding_with_one_model_and_one_generator_get_what_each_gets_al
         assert_same_hypotheses(found[i], alone[i])
 
 
+@pytest.mark.forks_beside_threads
 def test_threads_asking_for_workers_at_once_each_get_one_processs_hypotheses():
     """A threaded server whose model asks for workers: a thread forks only
     while no other decodes; every thread's batches decode as one process's."""
@@ -274,7 +275,7 @@ def test_threads_asking_for_workers_at_once_each_get_one_processs_hypotheses():
         generators[t] = PluginBeamSearch([model], d, beam_size=3, max_len_b=8)
         found[t] = hypotheses_of(decode_as_fairseq_generate(generators[t], runs[t]))
 
-    threads = [threading.Thread(target=decode, args=(t,)) for t in range(len(runs))]
+    threads = [threading.Thread(target=decode, args=(t,), daemon=True) for t in range(len(runs))]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -285,6 +286,7 @@ def test_threads_asking_for_workers_at_once_each_get_one_processs_hypotheses():
         generator.close_workers()
 
 
+@pytest.mark.forks_beside_threads
 def test_a_thread_decoding_through_its_workers_keeps_other_threads_from_forking(monkeypatch):
     """While one thread's call waits on its workers, another thread's call
     decodes in its own thread: a fork then would copy the locks the first
@@ -304,7 +306,7 @@ def test_a_thread_decoding_through_its_workers_keeps_other_threads_from_forking(
 
     monkeypatch.setattr(workers.WorkerPool, "result", result_held_once)
     pooled = PluginBeamSearch([model], d, beam_size=3, max_len_b=8)
-    thread = threading.Thread(target=decode_as_fairseq_generate, args=(pooled, first))
+    thread = threading.Thread(target=decode_as_fairseq_generate, args=(pooled, first), daemon=True)
     thread.start()
     try:
         assert waiting.wait(120)
