@@ -246,6 +246,8 @@ class Translator:
         from fairseq_cli.generate import get_symbols_to_strip_from_output
 
         self.strip = get_symbols_to_strip_from_output(self.generator)
+        # read once: an option read through OmegaConf costs microseconds a line
+        self.post_process = cfg.common_eval.post_process
 
     def encode(self, line: str) -> str:
         if self.tokenizer is not None:
@@ -305,12 +307,14 @@ class Translator:
             source = ""
             if self.align_dict is not None:
                 tokens = utils.strip_pad(sample["net_input"]["src_tokens"][row], self.task.target_dictionary.pad())
-                source = self.task.source_dictionary.string(tokens, self.cfg.common_eval.post_process)
+                source = self.task.source_dictionary.string(tokens, self.post_process)
             best = hypotheses[0]
+            # the tokens as a list: fairseq's Dictionary.string makes the same text
+            # of it, where a tensor costs it a tensor per token
             _, text, _ = utils.post_process_prediction(
-                hypo_tokens=best["tokens"].int().cpu(), src_str=source, alignment=best["alignment"],
+                hypo_tokens=best["tokens"].tolist(), src_str=source, alignment=best["alignment"],
                 align_dict=self.align_dict, tgt_dict=self.task.target_dictionary,
-                remove_bpe=self.cfg.common_eval.post_process, extra_symbols_to_ignore=self.strip)
+                remove_bpe=self.post_process, extra_symbols_to_ignore=self.strip)
             found.append(self.decode(text).replace("\n", " "))
         return found
 
