@@ -9,7 +9,8 @@ cores, and Python threads share one interpreter lock. So, as CTranslate2's
 worker process of one thread, forked from the decoding process once the
 model is ready, so that the weights (the int8 ones and oneDNN's packed
 copies included) are shared with it, never copied. The process that asked
-waits for the batch it asked for; the others are already under way.
+waits for the batch it asked for; the others are already under way, and a
+worker done with its batches meanwhile is given the next ones.
 
 The search finds the next batches through ``read_ahead``. A call whose batch
 came from such a source, with no prefix or constraints, decodes in
@@ -49,6 +50,7 @@ import gc
 import io
 import logging
 import multiprocessing
+import multiprocessing.connection
 import os
 import pickle
 import signal
@@ -69,6 +71,9 @@ logger = logging.getLogger(__name__)
 # batches queued per worker: one decoding, one waiting, so that a worker
 # never idles while the calling process prints the last batch
 QUEUED_PER_WORKER = 2
+# batches read ahead per worker, queued or done: a worker may run this far
+# ahead of one whose batch is slow (results wait here, in order)
+AHEAD_PER_WORKER = 2 * QUEUED_PER_WORKER
 # a larger batch decodes in chunks of about this many sentences, one after
 # another or in the workers at once: fairseq-generate's default --max-tokens
 # makes batches of hundreds, whose step outgrows the CPU's caches
@@ -390,19 +395,29 @@ class WorkerPool:
     def in_flight(self) -> int:
         return sum(len(q) for q in self.queued)
 
-    def result(self, number: int):
+    def result(self, number: int, while_waiting=None):
         """The hypotheses of task ``number`` (waits for them); raises the
-        worker's error, or ``WorkerDied``."""
-        with self.lock:
-            while number not in self.results:
-                worker = next(w for w, q in enumerate(self.queued) if number in q)
-                try:
-                    done, result, error = receive(self.connections[worker])
-                except (EOFError, OSError) as error:
-                    raise WorkerDied(self._exited(worker)) from error
-                self.queued[worker].remove(done)
-                self.results[done] = (result, error)
-            result, error = self.results.pop(number)
+        worker's error, or ``WorkerDied``. Other tasks' results that arrive
+        meanwhile are kept, and ``while_waiting`` is called after each: a
+        worker done before the one that decodes ``number`` gets more work
+        instead of idling (its tasks may take less time)."""
+        while True:
+            with self.lock:
+                if number in self.results:
+                    result, error = self.results.pop(number)
+                    break
+                busy = [self.connections[w] for w, q in enumerate(self.queued) if q]
+                assert busy, f"task {number} was never submitted"
+                for connection in multiprocessing.connection.wait(busy):
+                    worker = self.connections.index(connection)
+                    try:
+                        done, result, error = receive(connection)
+                    except (EOFError, OSError) as error:
+                        raise WorkerDied(self._exited(worker)) from error
+                    self.queued[worker].remove(done)
+                    self.results[done] = (result, error)
+            if while_waiting is not None and number not in self.results:
+                while_waiting()
         if error is not None:
             raise error
         return result
@@ -501,7 +516,7 @@ class ParallelBatches:
             window = len(pool.processes) * QUEUED_PER_WORKER
 
             def keep_workers_busy():  # the batches after this one, up to the window
-                for ahead in batches_after(sample, window):
+                for ahead in batches_after(sample, len(pool.processes) * AHEAD_PER_WORKER):
                     if pool.in_flight() >= window:
                         break
                     ahead_tokens = source_tokens(ahead)
@@ -512,7 +527,7 @@ class ParallelBatches:
             found = []
             for number in numbers:
                 keep_workers_busy()
-                found += pool.result(number)
+                found += pool.result(number, while_waiting=keep_workers_busy)
             keep_workers_busy()  # (while the caller prints this batch)
             return found
         except WorkerDied as error:
@@ -524,7 +539,7 @@ class ParallelBatches:
             self.close_workers(workers_later=True)
             raise
         finally:
-            if not pool.in_flight():  # the last batch of the source, or of its read-ahead
+            if not pool.in_flight() and not pending:  # the last batch of the source, or of its read-ahead
                 pool.release_collector()
 
     def _pool_for(self, sample, plain_call) -> Optional[WorkerPool]:

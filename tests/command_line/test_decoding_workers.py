@@ -165,6 +165,47 @@ def test_one_batch_a_prefix_or_an_unprepared_model_decodes_here():
     assert generator.__dict__.get("_pool") is None
 
 
+def test_a_worker_done_first_gets_more_batches_while_the_caller_waits_on_another(monkeypatch):
+    """The caller waits for its batches in order; a worker whose batches are
+    done meanwhile is given the next ones instead of idling behind a slow
+    batch of the other worker. The output stays one process's, in order."""
+    import time
+
+    model, d = prepared_model()
+    samples = batches_of(d, count=8)
+    model.decoding_workers = 1
+    alone = hypotheses_of(decode_as_fairseq_generate(PluginBeamSearch([model], d, beam_size=2, max_len_b=6),
+                                                     samples))
+    slow = samples[0]["net_input"]["src_tokens"].clone()
+
+    def first_batch_slow(self, models, sample, _original=PluginBeamSearch.serial_generate, **kwargs):
+        if torch.equal(sample["net_input"]["src_tokens"], slow):  # in a worker: inherited by the fork
+            time.sleep(3)
+        return _original(self, models, sample, **kwargs)
+
+    events = []
+    submit, result = workers.WorkerPool.submit, workers.WorkerPool.result
+
+    def logged_result(pool, number, **kwargs):
+        events.append(("wait", number))
+        found = result(pool, number, **kwargs)
+        events.append(("got", number))
+        return found
+
+    monkeypatch.setattr(PluginBeamSearch, "serial_generate", first_batch_slow)
+    monkeypatch.setattr(workers.WorkerPool, "submit",
+                        lambda pool, sample: events.append(("submit",)) or submit(pool, sample))
+    monkeypatch.setattr(workers.WorkerPool, "result", logged_result)
+    model.decoding_workers = 2
+    generator = PluginBeamSearch([model], d, beam_size=2, max_len_b=6)
+    together = hypotheses_of(decode_as_fairseq_generate(generator, samples))
+    generator.close_workers()
+    assert_same_hypotheses(together, alone)
+    waiting_on_the_slow_one = events[events.index(("wait", 0)) + 1:events.index(("got", 0))]
+    # the window holds 4 batches out; the other worker's were done and it got the rest
+    assert waiting_on_the_slow_one.count(("submit",)) >= 2, events
+
+
 def test_a_workers_error_reaches_the_caller(monkeypatch):
     model, d = prepared_model()
     samples = batches_of(d, count=4)
@@ -298,11 +339,11 @@ def test_a_thread_decoding_through_its_workers_keeps_other_threads_from_forking(
     waiting, resume = threading.Event(), threading.Event()
     result = workers.WorkerPool.result
 
-    def result_held_once(pool, number):  # the first thread, mid-call, waits for the second
+    def result_held_once(pool, number, **kwargs):  # the first thread, mid-call, waits for the second
         if not waiting.is_set():
             waiting.set()
             assert resume.wait(120)
-        return result(pool, number)
+        return result(pool, number, **kwargs)
 
     monkeypatch.setattr(workers.WorkerPool, "result", result_held_once)
     pooled = PluginBeamSearch([model], d, beam_size=3, max_len_b=8)
