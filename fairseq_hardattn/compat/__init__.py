@@ -14,7 +14,7 @@ What applies when:
   ``install_for_command_line`` replaces fairseq's functions where they fail
   a user (checkpoints and overrides, the last batch, fairseq-generate's
   shards, n-gram blocking, half precision on a CPU, fairseq-interactive's
-  lines) and installs the
+  lines, the printed text's token ids) and installs the
   command's one-line errors, help, signal handling and quiet warnings.
 - ``loading()``: the checkpoint checks around one load, undone after it
   (``fairseq_hardattn.from_pretrained``).
@@ -30,7 +30,7 @@ import sys
 
 import torch
 from fairseq import checkpoint_utils, ngram_repeat_block
-from fairseq.data import data_utils
+from fairseq.data import data_utils, dictionary
 from fairseq.models import fairseq_model
 
 from ..errors import report_error
@@ -93,6 +93,7 @@ def install_for_command_line():
     data_utils.batch_by_size = batches.batch_by_size
     _wrap(ngram_repeat_block.NGramRepeatBlock, "_no_repeat_ngram", generation.generated_tokens_only)
     _wrap(fairseq_model.BaseFairseqModel, "prepare_for_inference_", generation.cpu_precision_checked)
+    _wrap(dictionary.Dictionary, "string", generation.token_ids_as_integers)
     _wrap(argparse.ArgumentParser, "error", command_line.one_line_usage_errors)
     _wrap(argparse.ArgumentParser, "parse_known_args", command_line.model_options_in_help)
     import fairseq_cli.generate

@@ -309,10 +309,8 @@ class Translator:
                 tokens = utils.strip_pad(sample["net_input"]["src_tokens"][row], self.task.target_dictionary.pad())
                 source = self.task.source_dictionary.string(tokens, self.post_process)
             best = hypotheses[0]
-            # the tokens as a list: fairseq's Dictionary.string makes the same text
-            # of it, where a tensor costs it a tensor per token
             _, text, _ = utils.post_process_prediction(
-                hypo_tokens=best["tokens"].tolist(), src_str=source, alignment=best["alignment"],
+                hypo_tokens=best["tokens"], src_str=source, alignment=best["alignment"],
                 align_dict=self.align_dict, tgt_dict=self.task.target_dictionary,
                 remove_bpe=self.post_process, extra_symbols_to_ignore=self.strip)
             found.append(self.decode(text).replace("\n", " "))

@@ -191,3 +191,32 @@ def test_no_repeat_ngram_size_bans_repeated_ngrams(monkeypatch):
     assert any(repeats_a_bigram(t) for hyps in free for t in hyps)  # the case the option is for
     blocked = hypotheses(2)
     assert not any(repeats_a_bigram(t) for hyps in blocked for t in hyps)
+
+
+def test_printed_text_is_fairseqs_own_from_a_list_of_the_ids():
+    """fairseq-generate and fairseq-interactive print the text of token ids
+    through ``Dictionary.string``, which walked a tensor one 0-d tensor at a
+    time; with the ids handed over as ints the text is the same, character
+    for character, for every option that changes it."""
+    from fairseq.data import Dictionary
+
+    d = Dictionary()
+    for word in ("a@@", "b", "c@@", "d", "e"):
+        d.add_symbol(word)
+    d.bos_index = d.bos()  # (a dictionary with a BOS drops it too)
+    string = Dictionary.string
+    wrapped = generation.token_ids_as_integers(string)
+    ids = [d.index(w) for w in ("a@@", "b", "c@@", "d")] + [d.unk(), d.bos(), d.pad(), d.index("e"), d.eos()]
+    options = [dict(), dict(bpe_symbol="subword_nmt"), dict(escape_unk=True), dict(unk_string="<?>"),
+               dict(extra_symbols_to_ignore=[d.index("e")]), dict(include_eos=True), dict(separator="_"),
+               dict(bpe_symbol="subword_nmt", escape_unk=True, extra_symbols_to_ignore={d.pad()})]
+    cases = 0
+    for dtype in (torch.int64, torch.int32, torch.uint8):
+        for tensor in (torch.tensor(ids, dtype=dtype), torch.tensor([ids, ids[::-1]], dtype=dtype)):
+            for kwargs in options:
+                assert wrapped(d, tensor, **kwargs) == string(d, tensor, **kwargs), (dtype, kwargs)
+                cases += 1
+    assert wrapped(d, torch.tensor([], dtype=torch.long)) == string(d, torch.tensor([], dtype=torch.long)) == ""
+    assert wrapped(d, ids) == string(d, ids)  # a list, as it was
+    assert string(d, torch.tensor(ids), escape_unk=True).split()[4] == "<<unk>>"  # the options did change it
+    assert cases == 3 * 2 * len(options)
