@@ -1,26 +1,79 @@
 #!/usr/bin/env python
-"""The plugin's search against CTranslate2 on real sentences, one thread:
-a trained fairseq transformer decoding a binarized set with beam search to
-its own lengths (not to a fixed length, as the random-weight benchmarks
-do), the same batches of sentences sorted by length through both, and
-CTranslate2 on the same weights. Prints sentences/s, the output tokens, how
-many translations are the same, and the engine's steps with the rows each
-decoded: a batch runs until its last sentence ends, so most steps are the
-tail of a few sentences, where a step's fixed cost, not its arithmetic,
-decides the rate; and the time by a step's rows, with what the steps would
-take were every row as cheap as in full ones. Needs ctranslate2.
+"""The plugin's search against CTranslate2 on real sentences, one thread.
 
-Example: research/real_data_peer.py --data work/deen/data-bin
-    --path work/deen/checkpoints/checkpoint_best.pt --subset test --batch-size 64
+Loads a trained checkpoint as fairseq-generate does (its data, ``--path``,
+the generation options below), takes the first ``--batches`` batches of
+``--batch-size`` sentences of ``--subset`` in fairseq's order (by length),
+and decodes them with the plugin's search on one thread in this process,
+each sentence to its own length (not to a fixed length, as the
+random-weight benchmarks do). Then CTranslate2, one thread, in a process of
+its own, its fairseq converter on the same weights, translates the same
+source tokens at each of ``--ct2-batch-sizes``. The two never run at once.
+
+Prints both systems' times, the output tokens and, for beam search, how
+many translations are the same; where the search's time goes:
+
+- by part: each part's wall time around its calls (the encoder, the
+  decoder's step, the output projection, the sublayers, the attention and
+  candidates kernels, the draws, the reorders, the finished hypotheses);
+- by a step's rows: a batch runs until its last sentence ends, so many
+  steps are the tail of a few sentences, where a step's fixed cost, not its
+  arithmetic, decides the rate; each step is timed to the next of its batch,
+  with what the steps would take were every row as cheap as in full ones.
+
+Examples (the trained de->en model of results/corpus.md):
+  research/real_data_peer.py --data work/deen/data-bin --path work/deen/checkpoints/checkpoint_best.pt
+      --subset test --batch-size 64
+  research/real_data_peer.py --data work/deen/data-bin --path work/deen/checkpoints/checkpoint_best.pt
+      --subset train --batch-size 128 --batches 60 --beam 1 --sampling-topk 10 --ct2-batch-sizes 128 32
 """
 
 import argparse
+import collections
+import functools
+import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+CT2_RUN = r"""
+import json, sys, time
+import ctranslate2
+args = json.loads(sys.argv[1])
+translator = ctranslate2.Translator(args["model"], device="cpu", compute_type="float32",
+                                    inter_threads=1, intra_threads=1)
+sources = json.load(open(args["sources"]))
+translator.translate_batch(sources[:args["batches"][0]], **args["options"])  # warm-up
+for batch in args["batches"]:
+    start = time.perf_counter()
+    results = translator.translate_batch(sources, max_batch_size=batch, **args["options"])
+    seconds = time.perf_counter() - start
+    print(json.dumps(dict(batch=batch, seconds=seconds, hypotheses=[r.hypotheses[0] for r in results])), flush=True)
+"""
+
+# the search's parts, timed around their calls: (module, class or None, function, part)
+PARTS = (
+    ("decoding.beam_search", "PluginBeamSearch", "_generate", "whole search"),
+    ("decoding.beam_search", "StepLogits", "start", "encoder"),
+    ("decoding.beam_search", "StepLogits", "__call__", "decoder step with the output projection"),
+    ("decoding.beam_search", "StepLogits", "features", "decoder step"),
+    ("decoding.direct_step", None, "_self_attention", "self-attention sublayers (4 products, kernel)"),
+    ("decoding.direct_step", None, "_cross_attention", "cross-attention sublayers (2 products, kernel)"),
+    ("decoding.direct_step", None, "_feed_forward", "feed-forward sublayers"),
+    ("kernels", None, "step_attention", "attention kernel calls"),
+    ("kernels", None, "beam_candidates", "candidates kernel (normaliser, top k)"),
+    ("decoding.sampling", "SentenceDraws", "step", "sampling draws"),
+    ("decoding.beam_search", "StepLogits", "next_step", "cache reorders"),
+    ("decoding.beam_search", "StepLogits", "reorder_encoder_out", "encoder output reorders"),
+    ("decoding.beam_search", "PluginBeamSearch", "_finalize", "finished hypotheses"),
+)
 
 
 def parse_args(argv=None):
@@ -28,80 +81,149 @@ def parse_args(argv=None):
     p.add_argument("--data", required=True)
     p.add_argument("--path", required=True)
     p.add_argument("--subset", default="test")
-    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--batch-size", type=int, default=64, help="sentences a batch")
+    p.add_argument("--batches", type=int, help="only the first batches (default: every batch)")
     p.add_argument("--beam", type=int, default=4)
+    p.add_argument("--sampling-topk", type=int, default=0, help="sample among the k best (0: beam search)")
     p.add_argument("--max-len", type=int, default=200)
+    p.add_argument("--ct2-batch-sizes", type=int, nargs="+", help="default: --batch-size")
     p.add_argument("--ct2-hypotheses", type=int, default=1,
                    help="CTranslate2's num_hypotheses; the beam size ends a sentence as fairseq's "
                         "search does, once it has beam-many finished hypotheses")
     p.add_argument("--modules-step", action="store_true",
                    help="every decoder step through the modules' forwards (the direct step off), "
                         "to compare with it")
+    p.add_argument("--json", help="write the figures here")
     return p.parse_args(argv)
 
 
-def main(argv=None):
-    args = parse_args(argv)
+def load(args):
     import torch
-
-    torch.set_num_threads(1)
-    from fairseq import checkpoint_utils
+    from fairseq import checkpoint_utils, options, tasks, utils
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
     from fairseq_hardattn import compat
-    from fairseq_hardattn.decoding import PluginBeamSearch, beam_search, direct_step
-    from fairseq_hardattn.tools.ctranslate2_peer import convert
-    from fairseq_hardattn.tools.scratch import scratch_folder
 
-    with compat.loading():
-        models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([args.path],
-                                                                          arg_overrides={"data": args.data})
-    model = models[0].eval()
-    model.prepare_for_inference_(cfg)
+    torch.set_num_threads(1)
+    argv = [args.data, "--user-dir", str(REPO / "fairseq_hardattn"), "--path", args.path,
+            "--beam", str(args.beam), "--max-len-b", str(args.max_len), "--seed", "1",
+            "--model-overrides", "{'decoding_workers': 1}"]
+    if args.sampling_topk:
+        argv += ["--sampling", "--sampling-topk", str(args.sampling_topk)]
+    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_generation_parser(), argv))
+    utils.import_user_module(cfg.common)
+    utils.set_torch_seed(cfg.common.seed)  # (as fairseq-generate: the sentences' generators are seeded from it)
+    compat.install_for_command_line()  # (fairseq's transformer read as the plugin's, as in fairseq-generate)
+    task = tasks.setup_task(cfg.task)
+    models, _ = checkpoint_utils.load_model_ensemble([args.path], task=task,
+                                                     arg_overrides=eval(cfg.common_eval.model_overrides))
+    for model in models:
+        model.prepare_for_inference_(cfg)
     task.load_dataset(args.subset)
-    batches = list(task.get_batch_iterator(task.dataset(args.subset), max_sentences=args.batch_size,
-                                           disable_iterator_cache=True).next_epoch_itr(shuffle=False))
-    d = task.target_dictionary
+    generator = task.build_generator(models, cfg.generation)
+    positions = utils.resolve_max_positions(task.max_positions(), *[m.max_positions() for m in models])
+    batches = task.get_batch_iterator(task.dataset(args.subset), max_sentences=args.batch_size,
+                                      max_positions=positions).next_epoch_itr(shuffle=False)
+    return task, models, generator, [b for i, b in enumerate(batches) if args.batches is None or i < args.batches]
+
+
+def timed_parts():
+    """Wrap the search's parts with timers, and record each step's rows and
+    start; returns (seconds by part, calls by part, rows, began_at)."""
+    import importlib
+
+    from fairseq_hardattn.decoding import beam_search
+
+    seconds, calls = collections.Counter(), collections.Counter()
     rows, began_at = [], []  # each step's rows, and when it began (None: a batch's first step)
     step = beam_search.StepLogits.__call__
 
+    @functools.wraps(step)
     def counted(self, prefix, one_per_sentence):
         rows.append(prefix.size(0))
         began_at.append(time.perf_counter() if prefix.size(1) > 1 else None)  # (size 1: step 0)
         return step(self, prefix, one_per_sentence)
 
-    if args.modules_step:
-        direct_step.supports = lambda decoder: "--modules-step"
-    generator = PluginBeamSearch([model], d, beam_size=args.beam, max_len_b=args.max_len)
-    with torch.no_grad():
-        generator.generate([model], batches[0])  # warm-up
-        beam_search.StepLogits.__call__ = counted
-        began = time.perf_counter()
-        ours = {i: d.string(h[0]["tokens"]) for b in batches
-                for i, h in zip(b["id"].tolist(), generator.generate([model], b))}
-        engine_seconds = time.perf_counter() - began
-        beam_search.StepLogits.__call__ = step
-    sentences = len(ours)
+    beam_search.StepLogits.__call__ = counted
 
-    import ctranslate2
+    def timed(owner, name, part):
+        function = getattr(owner, name)
 
-    translator = ctranslate2.Translator(convert(model, d, str(scratch_folder("peer-"))), device="cpu",
-                                        compute_type="float32", inter_threads=1, intra_threads=1)
-    sources = [[[d[t] for t in row.tolist() if t not in (d.pad(), d.eos())] for row in b["net_input"]["src_tokens"]]
-               for b in batches]
+        @functools.wraps(function)
+        def wrapper(*a, **k):
+            start = time.perf_counter()
+            try:
+                return function(*a, **k)
+            finally:
+                seconds[part] += time.perf_counter() - start
+                calls[part] += 1
+        setattr(owner, name, wrapper)
+
+    for module, owner, name, part in PARTS:
+        where = importlib.import_module(f"fairseq_hardattn.{module}")
+        timed(getattr(where, owner) if owner else where, name, part)
+    return seconds, calls, rows, began_at
+
+
+def ctranslate2_run(model, dictionary, batches, args):
+    """CTranslate2's runs, one per batch size: its seconds and hypotheses."""
+    from fairseq_hardattn.tools.ctranslate2_peer import convert
+
+    sources = [[dictionary[t] for t in row.tolist() if t not in (dictionary.pad(), dictionary.eos())]
+               for b in batches for row in b["net_input"]["src_tokens"]]
     options = dict(beam_size=args.beam, max_decoding_length=args.max_len + 1, num_hypotheses=args.ct2_hypotheses)
-    translator.translate_batch(sources[0], **options)  # warm-up
-    began = time.perf_counter()
-    theirs = [r for words in sources for r in translator.translate_batch(words, max_batch_size=len(words), **options)]
-    ct2_seconds = time.perf_counter() - began
+    if args.sampling_topk:
+        options["sampling_topk"] = args.sampling_topk
+    with tempfile.TemporaryDirectory() as folder:
+        source_file = os.path.join(folder, "sources.json")
+        Path(source_file).write_text(json.dumps(sources))
+        setting = dict(model=convert(model, dictionary, folder), sources=source_file,
+                       batches=args.ct2_batch_sizes or [args.batch_size], options=options)
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        out = subprocess.run([sys.executable, "-c", CT2_RUN, json.dumps(setting)], env=env,
+                             capture_output=True, text=True, check=True).stdout
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    task, models, generator, batches = load(args)
+    if args.modules_step:
+        from fairseq_hardattn.decoding import direct_step
+
+        direct_step.supports = lambda decoder: "--modules-step"
+    seconds, calls, rows, began_at = timed_parts()
+    d = task.target_dictionary
+    generator.generate(models, batches[0])  # (first use: kernels loaded, buffers made)
+    seconds.clear(), calls.clear(), rows.clear(), began_at.clear()
+    ours = {i: d.string(h[0]["tokens"]) for b in batches
+            for i, h in zip(b["id"].tolist(), generator.generate(models, b))}
+    whole = seconds["whole search"]
+    seconds["output projection"] = seconds["decoder step with the output projection"] - seconds["decoder step"]
+    sentences = len(ours)
+    tokens = sum(len(t.split()) + 1 for t in ours.values())
+
+    peers = ctranslate2_run(models[0], task.source_dictionary, batches, args)
     ids = [i for b in batches for i in b["id"].tolist()]
-    same = sum(" ".join(r.hypotheses[0]) == ours[i] for i, r in zip(ids, theirs))
-    print(f"engine: {sentences / engine_seconds:.1f} sentences/s; CTranslate2: {sentences / ct2_seconds:.1f} "
-          f"({ct2_seconds / engine_seconds:.2f}x the engine's time); output tokens {sum(len(t.split()) + 1 for t in ours.values())} "
-          f"and {sum(len(r.hypotheses[0]) + 1 for r in theirs)}; the same translation for {same} of {sentences}")
-    print(f"engine steps: {len(rows)} over {len(batches)} batches of {args.batch_size}; rows a step: mean "
-          f"{statistics.mean(rows):.0f}, first {args.batch_size * args.beam}; steps with fewer than 16 rows "
-          f"(4 sentences at beam 4): {sum(r < 16 for r in rows)}")
-    print(steps_by_rows(rows, began_at, args.batch_size * args.beam))
+    print(f"plugin's search, 1 thread: {sentences} sentences, {whole:.2f} s, {sentences / whole:.1f} sentences/s, "
+          f"{tokens} output tokens")
+    for peer in peers:
+        same = "" if args.sampling_topk else "; the same translation for {} of {}".format(
+            sum(" ".join(h) == ours[i] for i, h in zip(ids, peer["hypotheses"])), sentences)
+        print(f"CTranslate2, 1 thread, batch {peer['batch']}: {peer['seconds']:.2f} s, "
+              f"{sentences / peer['seconds']:.1f} sentences/s ({whole / peer['seconds']:.2f}x its time for the "
+              f"plugin's search), {sum(len(h) + 1 for h in peer['hypotheses'])} output tokens{same}")
+    full = args.batch_size * (1 if args.sampling_topk else args.beam)
+    print(f"steps: {len(rows)} over {len(batches)} batches; rows a step: mean {statistics.mean(rows):.0f}, "
+          f"first {full}; steps with fewer than 16 rows: {sum(r < 16 for r in rows)}")
+    print(steps_by_rows(rows, began_at, full))
+    for part, value in sorted(seconds.items(), key=lambda kv: -kv[1]):
+        print(f"  {part:48s} {value:7.2f} s {100 * value / whole:5.1f}%")
+    if args.json:
+        Path(args.json).write_text(json.dumps(dict(
+            command=" ".join(sys.argv), sentences=sentences, tokens=tokens, parts=dict(seconds), calls=dict(calls),
+            ctranslate2=[dict(batch=p["batch"], seconds=p["seconds"],
+                              tokens=sum(len(h) + 1 for h in p["hypotheses"])) for p in peers]), indent=1) + "\n")
 
 
 def steps_by_rows(rows, began_at, full):
