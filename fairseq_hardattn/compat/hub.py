@@ -11,6 +11,10 @@ first-contact mistakes stopped in one line.
   a list was translated as a sentence, and None or a number failed with a
   bare ``'NoneType' object is not iterable``; here anything else is a
   ``TypeError`` naming what was passed.
+- The text of a hypothesis's token ids (``string``, which ``decode`` calls)
+  hands them to ``Dictionary.string`` as ints, as the plugin does in
+  fairseq's commands (``generation.token_ids_as_integers``): fairseq walks a
+  tensor one 0-d tensor per id. The same text.
 
 fairseq's own ``TransformerModel.from_pretrained(..., user_dir=...)`` loads the
 plugin's checkpoints too (they decode with the plugin's engine), without
@@ -22,6 +26,7 @@ import os
 from fairseq import hub_utils
 
 from ..errors import ConfigError
+from .generation import token_ids_as_integers
 
 
 def _check_paths(model_dir, checkpoint_file, data):
@@ -81,7 +86,9 @@ def _sentences_checked(method, sentences):
 
 class CheckedHub(hub_utils.GeneratorHubInterface):
     """fairseq's hub interface, whose ``translate`` and ``sample`` check what
-    they are given."""
+    they are given, and whose ``string`` reads the ids as ints."""
+
+    string = token_ids_as_integers(hub_utils.GeneratorHubInterface.string)
 
     def translate(self, sentences, *args, **kwargs):
         return super().translate(_sentences_checked("translate", sentences), *args, **kwargs)

@@ -55,7 +55,7 @@ def translate(generator, batches, dictionary, bpe_symbol="subword_nmt"):
     by_id = {}
     for sample in batches:
         for sentence_id, hyps in zip(sample["id"].tolist(), generator.generate(None, sample)):
-            by_id[sentence_id] = dictionary.string(hyps[0]["tokens"].int(), bpe_symbol)
+            by_id[sentence_id] = dictionary.string(hyps[0]["tokens"].tolist(), bpe_symbol)
     return [by_id[i] for i in sorted(by_id)]
 
 

@@ -160,6 +160,33 @@ def test_the_hub_takes_a_str_or_a_list_of_str_and_names_anything_else(trained_ch
     assert hub.translate(iter(["s1 s2"]), beam=2, max_len_b=MAX_LEN_B) == [one]
 
 
+def test_the_hubs_text_of_token_ids_is_fairseqs_from_the_ids_as_ints(trained_checkpoints, reorder_data,
+                                                                    monkeypatch):
+    """The plugin's hub hands ``Dictionary.string`` a hypothesis's ids as
+    ints (fairseq's hub hands it the tensor, walked one 0-d tensor per id):
+    the same text, and the same translations."""
+    from fairseq import hub_utils
+
+    hard = trained_checkpoints["hard"]
+    hub = fairseq_hardattn.from_pretrained(str(hard.parent), checkpoint_file=hard.name,
+                                           data_name_or_path=str(reorder_data), user_dir=USER_DIR)
+    ids = hub.encode("s1 s2 s3 s9 s4")
+    assert hub.string(ids) == hub_utils.GeneratorHubInterface.string(hub, ids) == "s1 s2 s3 s9 s4"
+    translations = hub.translate(["s1 s2", "s4 s5 s6"], beam=2, max_len_b=MAX_LEN_B)
+    given, string = [], type(hub.tgt_dict).string
+
+    def recorded(dictionary, tokens, *args, **kwargs):
+        given.append(tokens)
+        return string(dictionary, tokens, *args, **kwargs)
+
+    monkeypatch.setattr(type(hub.tgt_dict), "string", recorded)
+    assert hub.translate(["s1 s2", "s4 s5 s6"], beam=2, max_len_b=MAX_LEN_B) == translations
+    assert given and all(type(tokens) is list for tokens in given)
+    monkeypatch.setattr(type(hub), "string", hub_utils.GeneratorHubInterface.string)
+    assert hub.translate(["s1 s2", "s4 s5 s6"], beam=2, max_len_b=MAX_LEN_B) == translations
+    assert torch.is_tensor(given[-1])  # (fairseq's own hub: the tensor)
+
+
 def test_a_line_too_long_for_the_model_is_named_and_the_session_goes_on(trained_checkpoints, reorder_data):
     lines = ["s1 s2", "s4 s5", "s3 " * 1100, "s7 s8"]
     proc = interactive(reorder_data, trained_checkpoints["hard"], lines, "--buffer-size", 2)
