@@ -17,9 +17,11 @@ such a tie when either
   it in tests/unit/test_beam_search.py);
 and as a defect otherwise: the test fails and names the case.
 
-The CI slice decodes ``DIFFERENTIAL_CASES`` (default 1500) cases from a fixed
-seed; ``FAIRSEQ_HARDATTN_DIFF_CASES=10000 pytest tests/unit/test_differential.py``
-(with ``FAIRSEQ_HARDATTN_DIFF_SEED``) is the long run, whose summary it prints.
+The CI slice decodes ``DIFFERENTIAL_CASES`` cases from a fixed seed, in
+``PARTS`` tests that pytest-xdist's workers share;
+``FAIRSEQ_HARDATTN_DIFF_CASES=10000 pytest tests/unit/test_differential.py``
+(with ``FAIRSEQ_HARDATTN_DIFF_SEED``) is the long run, whose summary each part
+prints.
 """
 
 import collections
@@ -38,6 +40,7 @@ from conftest import FLOAT32_ROUNDING as SCORES, build_model, load_with_override
 
 DIFFERENTIAL_CASES = int(os.environ.get("FAIRSEQ_HARDATTN_DIFF_CASES", "600"))
 SEED = int(os.environ.get("FAIRSEQ_HARDATTN_DIFF_SEED", "2026"))
+PARTS = 4  # case n is decoded by part n % PARTS (the same cases, whatever the split)
 ARCHS = [a for a in fairseq_hardattn.registered_architectures() if "lstm" not in a]
 # decode-time kinds for the archs whose decoder attention is built of kinds
 KINDS = [None, ("hard", None), ("topk", 1), ("topk", 2), ("topk", 3)]
@@ -156,12 +159,14 @@ def classify(case, models):
     return "defect"
 
 
-def run_cases(count, seed):
+def run_cases(count, seed, part=0, parts=1):
     rng = random.Random(seed)
     models = Models()
     outcomes, defects = collections.Counter(), []
     for number in range(count):
-        case = random_case(rng)
+        case = random_case(rng)  # (every case drawn, so that each part's are the same cases)
+        if number % parts != part:
+            continue
         try:
             outcome = classify(case, models)
         except Exception as error:  # a crash is a defect too: name the case
@@ -172,12 +177,15 @@ def run_cases(count, seed):
     return outcomes, defects
 
 
-def test_random_cases_decode_fairseqs_hypotheses_or_a_tie():
-    outcomes, defects = run_cases(DIFFERENTIAL_CASES, SEED)
-    print(f"\n{DIFFERENTIAL_CASES} random cases (seed {SEED}): " + ", ".join(
+@pytest.mark.parametrize("part", range(PARTS))
+def test_random_cases_decode_fairseqs_hypotheses_or_a_tie(part):
+    outcomes, defects = run_cases(DIFFERENTIAL_CASES, SEED, part, PARTS)
+    cases = sum(outcomes.values())
+    print(f"\n{cases} of {DIFFERENTIAL_CASES} random cases (seed {SEED}, part {part} of {PARTS}): " + ", ".join(
         f"{n} {outcome}" for outcome, n in outcomes.most_common()))
+    assert cases == len(range(part, DIFFERENTIAL_CASES, PARTS))
     assert not defects, f"{len(defects)} defects, the first: case {defects[0][0]}: {defects[0][1]}"
-    assert outcomes["same"] >= 0.9 * DIFFERENTIAL_CASES  # ties are rare, or the test tests little
+    assert outcomes["same"] >= 0.9 * cases  # ties are rare, or the test tests little
 
 
 @pytest.mark.slow
