@@ -3,7 +3,7 @@
 # them with -fsanitize=address,undefined into a kernel cache of their own and
 # runs the tests that drive them (the kernels against PyTorch, the plugin's
 # search against fairseq's generator for every architecture, the workers and
-# the randomized differential slice) in a Python that preloads the sanitizer
+# half the randomized differential slice) in a Python that preloads the sanitizer
 # runtimes. A finding stops the run with the report (exit code != 0).
 # Run before each submission that touches fairseq_hardattn/kernels/.
 # Usage: scripts/sanitize_kernels.sh PYTHON [PYTEST_ARGS...]   (make sanitize: .venv's Python)
@@ -26,6 +26,8 @@ export FAIRSEQ_HARDATTN_KERNEL_CFLAGS="-fsanitize=address,undefined -fno-sanitiz
 export ASAN_OPTIONS="detect_leaks=0:verify_asan_link_order=0:abort_on_error=1:halt_on_error=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+# half of make test's randomized differential slice: its shapes drive the kernels, in a single process
+export FAIRSEQ_HARDATTN_DIFF_CASES=${FAIRSEQ_HARDATTN_DIFF_CASES:-300}
 tests=(tests/unit/test_beam_search.py tests/command_line/test_decoding_workers.py tests/unit/test_flexible_and_local.py
        tests/unit/test_fairseq_transformers.py)
 [ -f tests/unit/test_differential.py ] && tests+=(tests/unit/test_differential.py)
