@@ -110,10 +110,11 @@ def load(args):
             "--model-overrides", "{'decoding_workers': 1}"]
     if args.sampling_topk:
         argv += ["--sampling", "--sampling-topk", str(args.sampling_topk)]
+    # as in fairseq-generate: fairseq's transformer read as the plugin's, fairseq's noise quiet
+    compat.install_for_command_line()
     cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_generation_parser(), argv))
     utils.import_user_module(cfg.common)
     utils.set_torch_seed(cfg.common.seed)  # (as fairseq-generate: the sentences' generators are seeded from it)
-    compat.install_for_command_line()  # (fairseq's transformer read as the plugin's, as in fairseq-generate)
     task = tasks.setup_task(cfg.task)
     models, _ = checkpoint_utils.load_model_ensemble([args.path], task=task,
                                                      arg_overrides=eval(cfg.common_eval.model_overrides))
