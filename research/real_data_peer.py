@@ -205,6 +205,8 @@ def main(argv=None):
     tokens = sum(len(t.split()) + 1 for t in ours.values())
 
     peers = ctranslate2_run(models[0], task.source_dictionary, batches, args)
+    for peer in peers:
+        peer["tokens"] = sum(len(h) + 1 for h in peer["hypotheses"])
     ids = [i for b in batches for i in b["id"].tolist()]
     print(f"plugin's search, 1 thread: {sentences} sentences, {whole:.2f} s, {sentences / whole:.1f} sentences/s, "
           f"{tokens} output tokens")
@@ -213,8 +215,8 @@ def main(argv=None):
             sum(" ".join(h) == ours[i] for i, h in zip(ids, peer["hypotheses"])), sentences)
         print(f"CTranslate2, 1 thread, batch {peer['batch']}: {peer['seconds']:.2f} s, "
               f"{sentences / peer['seconds']:.1f} sentences/s ({whole / peer['seconds']:.2f}x its time for the "
-              f"plugin's search), {sum(len(h) + 1 for h in peer['hypotheses'])} output tokens{same}")
-    full = args.batch_size * (1 if args.sampling_topk else args.beam)
+              f"plugin's search), {peer['tokens']} output tokens{same}")
+    full = args.batch_size * args.beam  # (sampled too: --beam N draws N samples a sentence)
     print(f"steps: {len(rows)} over {len(batches)} batches; rows a step: mean {statistics.mean(rows):.0f}, "
           f"first {full}; steps with fewer than 16 rows: {sum(r < 16 for r in rows)}")
     print(steps_by_rows(rows, began_at, full))
@@ -223,8 +225,7 @@ def main(argv=None):
     if args.json:
         Path(args.json).write_text(json.dumps(dict(
             command=" ".join(sys.argv), sentences=sentences, tokens=tokens, parts=dict(seconds), calls=dict(calls),
-            ctranslate2=[dict(batch=p["batch"], seconds=p["seconds"],
-                              tokens=sum(len(h) + 1 for h in p["hypotheses"])) for p in peers]), indent=1) + "\n")
+            ctranslate2=[{k: p[k] for k in ("batch", "seconds", "tokens")} for p in peers]), indent=1) + "\n")
 
 
 def steps_by_rows(rows, began_at, full):
