@@ -47,6 +47,7 @@ import collections
 import contextlib
 import copyreg
 import gc
+import importlib
 import io
 import logging
 import multiprocessing
@@ -94,16 +95,26 @@ def resolved_workers(setting) -> int:
     return int(setting)
 
 
+# imported with the model (``import_what_the_first_batch_imports``)
+FIRST_BATCH_IMPORTS = ("torch.fx.experimental.symbolic_shapes", "torch.profiler._cupti_monitor",
+                       "fairseq.data.data_utils_fast")
+
+
 def import_what_the_first_batch_imports():
-    """The encoder's first forward imports torch's symbolic-shapes module and
-    SymPy (torch's key padding mask check, ``torch._check_with``): 0.3 s once
-    per process (two thirds of the warm-up a worker's first batch carried).
-    Imported when the model is prepared for decoding instead, so that the
-    first batch does not wait for it and workers forked later share it."""
-    try:
-        import torch.fx.experimental.symbolic_shapes  # noqa: F401
-    except ImportError:  # another PyTorch: its first batch imports what it needs
-        pass
+    """What a model's first batch would import, imported when the model is
+    prepared for decoding instead, so that the first batch does not wait for
+    it and workers forked later share it (each imported it again): torch's
+    symbolic-shapes module and SymPy (the encoder's key padding mask check,
+    ``torch._check_with``), the profiler's module that ``record_function``
+    imports on its first use, and fairseq's batching module (the hub's first
+    call), whose Cython set-up catches every exception: a Ctrl-C there was
+    lost, so these are imported with signals held."""
+    with signals_held():
+        for name in FIRST_BATCH_IMPORTS:
+            try:
+                importlib.import_module(name)
+            except ImportError:  # another PyTorch, or fairseq's own error where it is used
+                pass
 
 
 def can_fork() -> bool:
@@ -293,11 +304,12 @@ def _hand_back(connection, reply) -> bool:
 
 
 @contextlib.contextmanager
-def signals_held_while_forking():
+def signals_held():
     """Signals with a Python handler (Ctrl-C's KeyboardInterrupt) that arrive
-    while this thread forks are handled after it: Python would run the handler
-    inside a fork hook (logging's, multiprocessing's), where the exception it
-    raises is ignored, and Ctrl-C would be lost."""
+    inside are handled after it: Python would run the handler wherever the
+    main thread is, in a fork hook (logging's, multiprocessing's) or in code
+    that catches every exception (Cython's module set-up), and the exception
+    it raises there would be ignored, Ctrl-C lost."""
     held = {}
     if threading.current_thread() is threading.main_thread():  # only it may set handlers
         for name in ("SIGINT", "SIGTERM", "SIGHUP"):
@@ -341,7 +353,7 @@ class WorkerPool:
         self.hold_collector()
         main_thread = threading.current_thread() is threading.main_thread()
         try:
-            with signals_held_while_forking():
+            with signals_held():
                 for _ in range(workers):
                     ours, theirs = context.Pipe()
                     _forking = (generator, os.getpid(), main_thread, list(self.connections))

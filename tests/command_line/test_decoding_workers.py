@@ -431,6 +431,46 @@ print(type(generator).__name__, sorted(m for m in set(sys.modules) - loaded))
     assert proc.stdout.strip().splitlines()[-1] == "PluginBeamSearch []"
 
 
+def test_the_hubs_first_call_imports_nothing_once_it_is_loaded(trained_checkpoints, reorder_data):
+    # fairseq's batching module came with the hub's first call, and its Cython
+    # set-up, which catches every exception, lost a Ctrl-C that came meanwhile
+    hard = trained_checkpoints["hard"]
+    script = f"""
+import sys
+from fairseq.models.transformer import TransformerModel
+hub = TransformerModel.from_pretrained({str(hard.parent)!r}, checkpoint_file={hard.name!r},
+                                       data_name_or_path={str(reorder_data)!r}, user_dir={USER_DIR!r},
+                                       decoding_workers=1)
+loaded = set(sys.modules)
+assert hub.translate(["s1 s2 s3", "s4 s5"], beam=2)
+print(sorted(m for m in set(sys.modules) - loaded))
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_ctrl_c_while_signals_are_held_is_raised_after_even_where_every_exception_is_caught():
+    script = """
+import signal
+from fairseq_hardattn.decoding.workers import signals_held
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as a program started from a terminal
+try:
+    with signals_held():
+        try:
+            signal.raise_signal(signal.SIGINT)
+            sum(range(1000))  # where the handler would run
+        except BaseException:  # as Cython's module set-up
+            print("caught inside")
+    print("never raised")
+except KeyboardInterrupt:
+    print("raised after")
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["raised", "after"]
+
+
 def test_bad_decoding_workers_is_one_line(trained_checkpoints, reorder_data):
     proc = generate(reorder_data, trained_checkpoints["hard"], "--model-overrides",
                     "{'decoding_workers': 0}", check=False)
