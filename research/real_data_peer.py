@@ -26,6 +26,8 @@ Examples (the trained de->en model of results/corpus.md):
       --subset test --batch-size 64
   research/real_data_peer.py --data work/deen/data-bin --path work/deen/checkpoints/checkpoint_best.pt
       --subset train --batch-size 128 --batches 60 --beam 1 --sampling-topk 10 --ct2-batch-sizes 128 32
+  research/real_data_peer.py --data work/deen/data-bin --path work/deen/checkpoints/checkpoint_best.pt
+      --subset train --batch-size 4 --batches 100 --beam 1 --sampling-topk 10 --profile-ops 12
 """
 
 import argparse
@@ -93,6 +95,9 @@ def parse_args(argv=None):
     p.add_argument("--modules-step", action="store_true",
                    help="every decoder step through the modules' forwards (the direct step off), "
                         "to compare with it")
+    p.add_argument("--profile-ops", type=int, default=0, metavar="N",
+                   help="decode the batches once more under torch's profiler and print the N operators "
+                        "with the most self time, with their calls (e.g. oneDNN's weight packing per call)")
     p.add_argument("--json", help="write the figures here")
     return p.parse_args(argv)
 
@@ -222,6 +227,14 @@ def main(argv=None):
     print(steps_by_rows(rows, began_at, full))
     for part, value in sorted(seconds.items(), key=lambda kv: -kv[1]):
         print(f"  {part:48s} {value:7.2f} s {100 * value / whole:5.1f}%")
+    if args.profile_ops:
+        from torch.profiler import ProfilerActivity, profile
+
+        seconds.clear()
+        with profile(activities=[ProfilerActivity.CPU]) as profiled:
+            for b in batches:
+                generator.generate(models, b)
+        print(profiled.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.profile_ops))
     if args.json:
         Path(args.json).write_text(json.dumps(dict(
             command=" ".join(sys.argv), sentences=sentences, tokens=tokens, parts=dict(seconds), calls=dict(calls),

@@ -14,10 +14,14 @@ faster at the small preset's 128 x 128 and 128 x 256: so weights of at least
 Only inside the search (``packed_linears`` around a decoding call): the
 model is unchanged outside it, and fairseq's generator, training and every
 other forward keep ``nn.Linear``. The outputs equal ``nn.Linear``'s to
-float32 rounding (the sums run in the kernel's order)."""
+float32 rounding (the sums run in the kernel's order). A model prepared for
+decoding keeps its packed weights from one call to the next (``_kept``):
+packing the output projection again was a large part of a call of a few
+sentences."""
 
 import contextlib
 import threading
+import weakref
 from typing import Set
 
 import torch
@@ -55,9 +59,26 @@ def packed_product(weight: torch.Tensor, bias=None):
     return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
-def packed_forward(layer: nn.Linear):
-    """``layer``'s forward on oneDNN's kernel (``packed_product``)."""
-    return packed_product(layer.weight, layer.bias)
+# a prepared model's packed forwards, by layer: (what the weights were, the forward)
+_kept: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKeyDictionary()
+
+
+def _state_of(layer: nn.Linear):
+    """Which tensors the weights are, and their versions (an in-place change,
+    ``load_state_dict`` included, moves a version; ``.data`` changes do not)."""
+    return tuple((t.data_ptr(), t._version) if t is not None else None for t in (layer.weight, layer.bias))
+
+
+def packed_forward(layer: nn.Linear, keep: bool = False):
+    """``layer``'s forward on oneDNN's kernel (``packed_product``); with
+    ``keep``, the one packed for an earlier call while the weights are the
+    same tensors at the same versions."""
+    if not keep:
+        return packed_product(layer.weight, layer.bias)
+    state, kept = _state_of(layer), _kept.get(layer)
+    if kept is None or kept[0] != state:
+        kept = _kept[layer] = (state, packed_product(layer.weight, layer.bias))
+    return kept[1]
 
 
 _lock = threading.Lock()
@@ -70,7 +91,11 @@ def packed_linears(model: nn.Module):
     The weights are packed when the first block on ``model`` opens: an
     optimizer that updates them through ``.data`` (fairseq's Adam) leaves
     their version as it was, so a copy kept from an earlier call could be
-    stale (``--eval-bleu``'s generator lives through training). Blocks that
+    stale (``--eval-bleu``'s generator lives through training). Only a
+    model prepared for decoding (``prepared_for_inference``: fairseq's
+    tools, whose weights are final, as its worker processes assume) keeps
+    its packed weights for the next block, while each weight is the same
+    tensor at the same version. Blocks that
     overlap (searches in several threads, worker processes forked in one)
     share one packing, restored when the last closes: each decodes with the
     same weights from start to end. Packing takes a small part of decoding a
@@ -85,8 +110,9 @@ def packed_linears(model: nn.Module):
                 # each step's outputs are fresh tensors (the output projection's 10 MB
                 # at the small preset): keep such blocks in the heap, not re-faulted
                 keep_large_blocks_in_the_heap()
+            keep = bool(getattr(model, "prepared_for_inference", False))
             for layer in layers:
-                layer.forward = packed_forward(layer)
+                layer.forward = packed_forward(layer, keep)
             entry = model.__dict__["_packed_linears"] = [layers, 0]
         entry[1] += 1
     try:

@@ -1,7 +1,8 @@
 """float32 Linear layers on oneDNN's prepacked kernels within the search:
 the outputs of nn.Linear, a weight changed since the last block seen (even
-through .data, as fairseq's optimizer changes it), and every layer restored
-on leaving, even when the block fails. (The search over every
+through .data, as fairseq's optimizer changes it; a model prepared for
+decoding keeps its packing until a weight changes), and every layer
+restored on leaving, even when the block fails. (The search over every
 architecture: tests/unit/test_beam_search.py.)"""
 
 import pytest
@@ -39,6 +40,25 @@ def test_packed_layers_give_nn_linears_outputs_and_see_a_weight_changed_since_th
     large.weight.data.mul_(2)
     large.bias.data.zero_()
     assert large.weight._version == version
+    with packed_linears(model):
+        torch.testing.assert_close(large(x), torch.nn.functional.linear(x, large.weight, large.bias))
+
+
+@torch.no_grad()
+def test_a_prepared_models_packing_is_kept_for_the_next_block_until_a_weight_changes():
+    model = model_of_three_layers()
+    model.prepared_for_inference = True  # as fairseq's tools leave it: its weights are final
+    large = model["large"]
+    x = torch.randn(3, large.in_features)
+    with packed_linears(model):
+        first = vars(large)["forward"]
+    with packed_linears(model):
+        assert vars(large)["forward"] is first  # not packed again
+    large.load_state_dict({"weight": large.weight * 2, "bias": large.bias})  # in place: another version
+    with packed_linears(model):
+        assert vars(large)["forward"] is not first
+        torch.testing.assert_close(large(x), torch.nn.functional.linear(x, large.weight, large.bias))
+    large.weight = nn.Parameter(large.weight + 1)  # another tensor
     with packed_linears(model):
         torch.testing.assert_close(large(x), torch.nn.functional.linear(x, large.weight, large.bias))
 
