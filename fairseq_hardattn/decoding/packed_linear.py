@@ -16,8 +16,8 @@ model is unchanged outside it, and fairseq's generator, training and every
 other forward keep ``nn.Linear``. The outputs equal ``nn.Linear``'s to
 float32 rounding (the sums run in the kernel's order). A model prepared for
 decoding keeps its packed weights from one call to the next (``_kept``):
-packing the output projection again was a large part of a call of a few
-sentences."""
+packing the output projection again was a part of every call, most felt
+by calls of a few sentences."""
 
 import contextlib
 import threading
