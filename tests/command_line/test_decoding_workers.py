@@ -5,6 +5,7 @@ the hub; errors and dead workers; never in training; and several threads
 decoding with one model and one generator."""
 
 import gc
+import logging
 import multiprocessing
 import os
 import re
@@ -14,8 +15,8 @@ import threading
 
 import pytest
 import torch
-from fairseq.models.transformer import TransformerModel
 
+import fairseq_hardattn
 from fairseq_hardattn import ConfigError
 from fairseq_hardattn.decoding import PluginBeamSearch, PluginBeamSearchWithAlignment, read_ahead, workers
 from fairseq_hardattn.models.decoding_options import check_workers
@@ -363,7 +364,7 @@ def test_a_thread_decoding_through_its_workers_keeps_other_threads_from_forking(
 # --- through fairseq's tools ----------------------------------------------------
 
 
-def test_generate_interactive_and_the_hub_with_two_workers(trained_checkpoints, reorder_data):
+def test_generate_interactive_and_the_hub_with_two_workers(trained_checkpoints, reorder_data, caplog):
     soft = trained_checkpoints["soft"]
     runs = {}
     for count in (1, 2):
@@ -385,14 +386,19 @@ def test_generate_interactive_and_the_hub_with_two_workers(trained_checkpoints, 
     assert_same_output(found[2], found[1])
     assert len(re.findall(r"^H-", found[1], re.M)) == 12
 
+    # the plugin's hub: it reads fairseq's transformer as the plugin's (fairseq's hub keeps fairseq's model)
     translations = {}
     for count in (1, 2):
-        hub = TransformerModel.from_pretrained(str(soft.parent), checkpoint_file=soft.name,
+        hub = fairseq_hardattn.from_pretrained(str(soft.parent), checkpoint_file=soft.name,
                                                data_name_or_path=str(reorder_data), user_dir=USER_DIR,
-                                               decoding_engine="auto", decoding_workers=count,
-                                               batch_size=3)
-        translations[count] = hub.translate(lines, beam=3)
-        gc.collect()  # the call's generator, collected, takes its workers with it
+                                               decoding_workers=count, batch_size=3)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="fairseq_hardattn.decoding.workers"):
+            translations[count] = hub.translate(lines, beam=3)
+        assert any("in 2 worker processes" in r.getMessage() for r in caplog.records) == (count == 2)
+        gc.collect()  # the call's generator, collected, kills its workers (not waiting for them)
+        for process in multiprocessing.active_children():
+            process.join(timeout=5)
         assert gc.get_freeze_count() == 0 and not multiprocessing.active_children()
     assert translations[2] == translations[1]
 
