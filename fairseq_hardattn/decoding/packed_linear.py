@@ -15,7 +15,8 @@ Only inside the search (``packed_linears`` around a decoding call): the
 model is unchanged outside it, and fairseq's generator, training and every
 other forward keep ``nn.Linear``. The outputs equal ``nn.Linear``'s to
 float32 rounding (the sums run in the kernel's order). A model prepared for
-decoding keeps its packed weights from one call to the next (``_kept``):
+decoding keeps its packed weights from one call to the next (``_kept``;
+a second copy of those weights between calls too):
 packing the output projection again was a part of every call, most felt
 by calls of a few sentences."""
 
