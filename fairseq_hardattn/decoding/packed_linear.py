@@ -65,9 +65,16 @@ _kept: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKeyDictionary
 
 
 def _state_of(layer: nn.Linear):
-    """Which tensors the weights are, and their versions (an in-place change,
+    """Which tensors the weights are (the objects, and their memory: a
+    ``.data`` replaced), and their versions (an in-place change,
     ``load_state_dict`` included, moves a version; ``.data`` changes do not)."""
-    return tuple((t.data_ptr(), t._version) if t is not None else None for t in (layer.weight, layer.bias))
+    return tuple((weakref.ref(t), t.data_ptr(), t._version) if t is not None else None
+                 for t in (layer.weight, layer.bias))
+
+
+def _same_state(kept, now) -> bool:
+    return all((a is None and b is None) or (a is not None and b is not None and a[0]() is b[0]()
+                                             and a[1:] == b[1:]) for a, b in zip(kept, now))
 
 
 def packed_forward(layer: nn.Linear, keep: bool = False):
@@ -77,7 +84,7 @@ def packed_forward(layer: nn.Linear, keep: bool = False):
     if not keep:
         return packed_product(layer.weight, layer.bias)
     state, kept = _state_of(layer), _kept.get(layer)
-    if kept is None or kept[0] != state:
+    if kept is None or not _same_state(kept[0], state):
         kept = _kept[layer] = (state, packed_product(layer.weight, layer.bias))
     return kept[1]
 
