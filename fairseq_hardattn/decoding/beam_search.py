@@ -144,10 +144,13 @@ class PluginBeamSearch(ParallelBatches, SequenceGenerator):
         slots = torch.arange(max(first_candidates, sentence_candidates), device=device)
         first_rows = torch.arange(bsz, device=device) * beam  # the first row of each sentence
         order: Optional[Tensor] = None  # rows of the last step each row continues
+        # a sampled or greedy row continues its own row until samples end or sentences
+        # leave: while it does, the caches need no reorder
+        own_rows, unmoved = torch.arange(rows, device=device), False
 
         for step in range(max_len + 1):
             for step_logits in steps:
-                step_logits.next_step(order, step, rows)
+                step_logits.next_step(None if unmoved else order, step, rows)
             # the decoder reads the last token and the length. A hypothesis whose score is
             # -inf already (fewer candidates than the beam: a forced prefix, a tiny
             # vocabulary) may end with pad, which fairseq's decoder would mask; its
@@ -268,6 +271,8 @@ class PluginBeamSearch(ParallelBatches, SequenceGenerator):
                 order = torch.div(order, beam, rounding_mode="trunc")
                 for step_logits in steps:
                     decoding_step.set_hypotheses_per_sentence(step_logits.incremental_state, beam)
+            unmoved = ((draws is not None or beam == 1) and not finished_sentences
+                       and not (one_per_sentence and step == 0) and torch.equal(order, own_rows[:rows]))
             step_tokens[step, :rows] = last
             step_scores[step, :rows] = scores
             step_parents[step, :rows] = order

@@ -11,6 +11,7 @@ import math
 
 import pytest
 import torch
+from fairseq import search
 from fairseq.sequence_generator import SequenceGenerator, SequenceGeneratorWithAlignment
 
 import fairseq_hardattn
@@ -160,6 +161,39 @@ def test_sentences_finishing_at_different_steps_leave_the_batch():
     lengths = {len(h["tokens"]) for hyps in theirs for h in hyps}
     assert len(lengths) > 3  # the case this test is for
     assert_same_hypotheses(ours, theirs)
+
+
+@pytest.mark.parametrize("beam, topk", [(1, None), (1, 5), (3, 0)])
+def test_rows_that_continue_their_own_rows_leave_the_caches_as_they_are(beam, topk, monkeypatch):
+    """Greedy search and sampling (``topk`` not None): a row continues its
+    own row until sentences leave the batch (or a sentence's sample ends),
+    so only then are the caches reordered; greedy search decodes fairseq's
+    hypotheses."""
+    d = make_dictionary(12)
+    torch.manual_seed(2)
+    model = build_model("transformer_hard_dec_small", d).eval()  # hypotheses end at many steps
+    sample = sample_of(d, lengths=(3, 9, 5, 7, 2, 6, 4, 8), seed=5)
+    options = dict(beam_size=beam, max_len_b=15)
+    if topk is not None:
+        options["search_strategy"] = search.Sampling(d, topk)
+    reorders = []
+    decoder_class = type(model.decoder)
+    original = decoder_class.reorder_incremental_state_scripting
+
+    def recorded(decoder, incremental_state, order):
+        reorders.append(order.tolist())
+        return original(decoder, incremental_state, order)
+
+    with monkeypatch.context() as m:
+        m.setattr(decoder_class, "reorder_incremental_state_scripting", recorded)
+        ours = both(model, d, sample, generator_cls=(PluginBeamSearch,), **options)[0]
+    assert len(reorders) >= 2  # (sentences ended at different steps)
+    rows = sample["id"].numel() * beam
+    for order in reorders:  # each a sentence leaving, or a sample ending: never every row its own
+        assert order != list(range(rows))
+        rows = len(order)
+    if topk is None:
+        assert_same_hypotheses(ours, both(model, d, sample, generator_cls=(SequenceGenerator,), **options)[0])
 
 
 def test_a_forced_prefix_with_fewer_candidates_than_the_beam():
