@@ -19,7 +19,9 @@ on every step. Here, per step:
   back along its pointers, once;
 - the encoder output is reordered only when finished sentences leave the
   batch (within a sentence, every hypothesis reads the same source), and the
-  decoder's caches by the back-pointers, as fairseq does.
+  decoder's caches by the back-pointers, as fairseq does, except on a CPU
+  step where every row continues its own (greedy search and sampling, until
+  a sentence leaves or a sample ends).
 
 Same hypotheses and scores as fairseq's generator (the scores to float32
 rounding: the normaliser is summed in another order), for every option this
@@ -145,7 +147,8 @@ class PluginBeamSearch(ParallelBatches, SequenceGenerator):
         first_rows = torch.arange(bsz, device=device) * beam  # the first row of each sentence
         order: Optional[Tensor] = None  # rows of the last step each row continues
         # a sampled or greedy row continues its own row until samples end or sentences
-        # leave: while it does, the caches need no reorder
+        # leave: while it does, the caches need no reorder (on a CPU: the check would
+        # be a GPU's second host sync a step)
         own_rows, unmoved = torch.arange(rows, device=device), False
 
         for step in range(max_len + 1):
@@ -271,7 +274,7 @@ class PluginBeamSearch(ParallelBatches, SequenceGenerator):
                 order = torch.div(order, beam, rounding_mode="trunc")
                 for step_logits in steps:
                     decoding_step.set_hypotheses_per_sentence(step_logits.incremental_state, beam)
-            unmoved = ((draws is not None or beam == 1) and not finished_sentences
+            unmoved = ((draws is not None or beam == 1) and device.type == "cpu" and not finished_sentences
                        and not (one_per_sentence and step == 0) and torch.equal(order, own_rows[:rows]))
             step_tokens[step, :rows] = last
             step_scores[step, :rows] = scores
