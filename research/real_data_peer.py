@@ -227,18 +227,17 @@ def main(argv=None):
     print(steps_by_rows(rows, began_at, full))
     for part, value in sorted(seconds.items(), key=lambda kv: -kv[1]):
         print(f"  {part:48s} {value:7.2f} s {100 * value / whole:5.1f}%")
-    if args.profile_ops:
-        from torch.profiler import ProfilerActivity, profile
-
-        seconds.clear()
-        with profile(activities=[ProfilerActivity.CPU]) as profiled:
-            for b in batches:
-                generator.generate(models, b)
-        print(profiled.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.profile_ops))
     if args.json:
         Path(args.json).write_text(json.dumps(dict(
             command=" ".join(sys.argv), sentences=sentences, tokens=tokens, parts=dict(seconds), calls=dict(calls),
             ctranslate2=[{k: p[k] for k in ("batch", "seconds", "tokens")} for p in peers]), indent=1) + "\n")
+    if args.profile_ops:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU]) as profiled:
+            for b in batches:
+                generator.generate(models, b)
+        print(profiled.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.profile_ops))
 
 
 def steps_by_rows(rows, began_at, full):
