@@ -60,33 +60,25 @@ def packed_product(weight: torch.Tensor, bias=None):
     return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
-# a prepared model's packed forwards, by layer: (what the weights were, the forward)
+# a prepared model's packed forwards, by layer: (its weights, their marks, the forward)
 _kept: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKeyDictionary()
-
-
-def _state_of(layer: nn.Linear):
-    """Which tensors the weights are (the objects, and their memory: a
-    ``.data`` replaced), and their versions (an in-place change,
-    ``load_state_dict`` included, moves a version; ``.data`` changes do not)."""
-    return tuple((weakref.ref(t), t.data_ptr(), t._version) if t is not None else None
-                 for t in (layer.weight, layer.bias))
-
-
-def _same_state(kept, now) -> bool:
-    return all((a is None and b is None) or (a is not None and b is not None and a[0]() is b[0]()
-                                             and a[1:] == b[1:]) for a, b in zip(kept, now))
 
 
 def packed_forward(layer: nn.Linear, keep: bool = False):
     """``layer``'s forward on oneDNN's kernel (``packed_product``); with
     ``keep``, the one packed for an earlier call while the weights are the
-    same tensors at the same versions."""
+    same tensors with the same memory (a ``.data`` replaced is not) and
+    versions (an in-place change, ``load_state_dict`` included, moves a
+    version; a change through ``.data`` does not)."""
     if not keep:
         return packed_product(layer.weight, layer.bias)
-    state, kept = _state_of(layer), _kept.get(layer)
-    if kept is None or not _same_state(kept[0], state):
-        kept = _kept[layer] = (state, packed_product(layer.weight, layer.bias))
-    return kept[1]
+    weights = [t for t in (layer.weight, layer.bias) if t is not None]
+    marks = [(t.data_ptr(), t._version) for t in weights]
+    kept = _kept.get(layer)
+    if kept is None or kept[1] != marks or any(ref() is not t for ref, t in zip(kept[0], weights)):
+        kept = _kept[layer] = ([weakref.ref(t) for t in weights], marks,
+                               packed_product(layer.weight, layer.bias))
+    return kept[2]
 
 
 _lock = threading.Lock()
