@@ -18,9 +18,10 @@ mkdir -p "$OUT_DIR"
 log() { printf '[gpu_check %s] %s\n' "$(date +%H:%M:%S)" "$*" | tee -a "$OUT_DIR/log.txt" >&2; }
 nvidia-smi > "$OUT_DIR/nvidia-smi.txt" 2>&1 || true
 
+# Triton's interpreter test checks the kernels on a CPU: not part of the GPU verdict
 log "1/2 GPU tests (equality of the captured engine, the search and the kernels)"
 "$PYTHON" -m pytest -q -p no:cacheprovider tests/unit/test_beam_search.py tests/unit/test_decoding_engine.py \
-  tests/unit/test_gpu_kernels.py -k "gpu or cuda or triton" > "$OUT_DIR/tests.txt" 2>&1
+  tests/unit/test_gpu_kernels.py -k "(gpu or cuda or triton) and not interpreter" -rs > "$OUT_DIR/tests.txt" 2>&1
 log "tests: $(tail -n 1 "$OUT_DIR/tests.txt")"
 # the verdict: on CUDA, every GPU test ran and passed. Recorded in results/gpu_check/,
 # it lets CUDA_SEARCH_PASSED_AT (decoding/engines.py) name its commit, which makes
@@ -56,10 +57,12 @@ for cell in "${CELLS[@]}"; do
     --arch fairseq=transformer --arch soft=transformer_soft --arch hard=transformer_hard_dec \
     --arch topk2=transformer_topk_dec --override "topk2={'retrieval_k':2}" \
     --arch soft_fairseq_graph=transformer_soft --override "soft_fairseq_graph={'decoding_engine':'graph'}" \
+    --arch soft_search=transformer_soft --override "soft_search={'decoding_engine':'search'}" \
+    --arch hard_search=transformer_hard_dec --override "hard_search={'decoding_engine':'search'}" \
     --src-len "$len" --num-sentences $((2 * batch)) --batch-size "$batch" --fixed-output-len "$len" \
     --beam 4 --reps "$reps" --baseline fairseq \
     --json "$OUT_DIR/$name.json" --markdown "$OUT_DIR/$name.md" >> "$OUT_DIR/bench.log" 2>&1 \
-    && log "$(grep -E '^\| (soft|hard|topk2) ' "$OUT_DIR/$name.md" | cut -d'|' -f2,6 | tr '\n' ' ')" \
+    && log "$(grep -E '^\| (soft|hard|topk2|soft_search|hard_search) ' "$OUT_DIR/$name.md" | cut -d'|' -f2,6 | tr '\n' ' ')" \
     || log "$name failed (bench.log)"
 done
 log "done"
