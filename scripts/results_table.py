@@ -344,7 +344,9 @@ WRITTEN_BESIDE_COMMANDS = {
     "corpus": (' ([corpus_speed.json](corpus_speed.json), '
                '[corpus_speed_random_small.json](corpus_speed_random_small.json), '
                '[corpus_speed_random_base.json](corpus_speed_random_base.json), '
-               '[corpus_speed_20k_kernels.json](corpus_speed_20k_kernels.json)): the corpus command '
+               '[corpus_speed_20k_kernels.json](corpus_speed_20k_kernels.json), '
+               '[real_data_peer_topk10.json](real_data_peer_topk10.json), '
+               '[real_data_peer_beam4.json](real_data_peer_beam4.json)): the corpus command '
                'back-translating 100,000 lines against fairseq-interactive and CTranslate2, its memory'
                " and a kill's cost (written beside its commands)"),
     "below_float32": (' ([decoding_modes_bleu.json](decoding_modes_bleu.json), '
@@ -359,6 +361,9 @@ WRITTEN_BESIDE_COMMANDS = {
                       'shortlist_speed_int8_*.json): a vocabulary shortlist, bf16 and int8 against the exact '
                       "engine, BLEU and speed, beside CTranslate2's int8 and vocabulary map (written beside "
                       'its commands)'),
+    "gpu_check": (" ([gpu_check/](gpu_check/)): the prepared GPU check's record, its GPU tests and speed "
+                  "cells: the plugin's search on CUDA against fairseq's generator (written beside its "
+                  "command)"),
 }
 
 
@@ -372,6 +377,15 @@ def files_section(results):
 
 def ratio(row):
     return f"{row['decode_speedup']:.2f}x" if row and "decode_speedup" in row else "—"
+
+
+def gpu_search_note(results):
+    """The plugin's search on CUDA in the GPU column's cell (scripts/gpu_check.sh's record)."""
+    cell = by_model(load(results / "gpu_check" / "speed_gpu_engine_100tok_batch128_fp16.json"))
+    if not cell.get("soft_search"):
+        return "; the plugin's search on a GPU is unmeasured"
+    return (f"; the plugin's search, CUDA's default since its GPU check passed, in the same cell: soft "
+            f"{ratio(cell['soft_search'])}, hard {ratio(cell.get('hard_search'))} (results/gpu_check.md)")
 
 
 def headline_table(results, scores):
@@ -404,8 +418,8 @@ def headline_table(results, scores):
                f"{s.get('reps')}, {s.get('device_name', 'CPU')} "
                f"(results/{EXPERIMENTS.HEADLINE_SPEED.name}.md)" if s else "not measured yet")
             + "; int8: `--int8-decoding`. GPU: NVIDIA H200, Transformer Base dims, batch 128, 100 tokens, "
-            "fp16, the earlier engine (fairseq's generator around the captured step; the plugin's search "
-            "on a GPU is unmeasured). Every row, the peers' included, is in "
+            "fp16, the earlier engine (fairseq's generator around the captured step)"
+            + gpu_search_note(results) + ". Every row, the peers' included, is in "
             "[results/README.md](results/README.md).\n")
     return "\n".join(lines) + "\n" + note
 
