@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The prepared GPU run, for a GPU machine with a short time budget:
-# the GPU tests, then the speed cells that matter most, into $OUT (or
-# results/gpu_check/), in under 10 minutes on one H100/H200.
+# the GPU tests, then the speed cells that matter most, then bf16 on the
+# machine's CPU where it has AMX, into $OUT (or results/gpu_check/), in
+# under 10 minutes on one H100/H200.
 #
 # Usage: scripts/gpu_check.sh OUT_DIR
 # Prepare on this machine (network): bash scripts/gpu_prepare.sh .gpu
@@ -19,7 +20,7 @@ log() { printf '[gpu_check %s] %s\n' "$(date +%H:%M:%S)" "$*" | tee -a "$OUT_DIR
 nvidia-smi > "$OUT_DIR/nvidia-smi.txt" 2>&1 || true
 
 # Triton's interpreter test checks the kernels on a CPU: not part of the GPU verdict
-log "1/2 GPU tests (equality of the captured engine, the search and the kernels)"
+log "1/3 GPU tests (equality of the captured engine, the search and the kernels)"
 "$PYTHON" -m pytest -q -p no:cacheprovider tests/unit/test_beam_search.py tests/unit/test_decoding_engine.py \
   tests/unit/test_gpu_kernels.py -k "(gpu or cuda or triton) and not interpreter" -rs > "$OUT_DIR/tests.txt" 2>&1
 log "tests: $(tail -n 1 "$OUT_DIR/tests.txt")"
@@ -52,17 +53,30 @@ fi
 for cell in "${CELLS[@]}"; do
   read -r len batch reps dtype <<< "$cell"
   name="speed_gpu_engine_${len}tok_batch${batch}_${dtype}"
-  log "2/2 $name"
+  log "2/3 $name"
   "$PYTHON" scripts/benchmark_decoding.py --device "$DEVICE" --dtype "$dtype" "${SIZE[@]}" \
     --arch fairseq=transformer --arch soft=transformer_soft --arch hard=transformer_hard_dec \
     --arch topk2=transformer_topk_dec --override "topk2={'retrieval_k':2}" \
+    --arch soft_fairseq=transformer_soft --override "soft_fairseq={'decoding_engine':'fairseq'}" \
     --arch soft_fairseq_graph=transformer_soft --override "soft_fairseq_graph={'decoding_engine':'graph'}" \
-    --arch soft_search=transformer_soft --override "soft_search={'decoding_engine':'search'}" \
-    --arch hard_search=transformer_hard_dec --override "hard_search={'decoding_engine':'search'}" \
     --src-len "$len" --num-sentences $((2 * batch)) --batch-size "$batch" --fixed-output-len "$len" \
     --beam 4 --reps "$reps" --baseline fairseq \
     --json "$OUT_DIR/$name.json" --markdown "$OUT_DIR/$name.md" >> "$OUT_DIR/bench.log" 2>&1 \
-    && log "$(grep -E '^\| (soft|hard|topk2|soft_search|hard_search) ' "$OUT_DIR/$name.md" | cut -d'|' -f2,6 | tr '\n' ' ')" \
+    && log "$(grep -E '^\| (soft|hard|topk2|soft_fairseq) ' "$OUT_DIR/$name.md" | cut -d'|' -f2,6 | tr '\n' ' ')" \
     || log "$name failed (bench.log)"
 done
+# bf16 on this machine's CPU where it has AMX (bf16_decoding; a GPU machine's host CPU
+# is often a Xeon with AMX): Transformer Base dims, one thread, against float32
+lscpu > "$OUT_DIR/lscpu.txt" 2>&1 || true
+if grep -qw amx_tile /proc/cpuinfo || [ "${GPU_CHECK_QUICK:-0}" = 1 ]; then
+  name=speed_cpu_bf16_30tok_batch32
+  log "3/3 $name"
+  "$PYTHON" scripts/benchmark_decoding.py --device cpu --threads 1 "${SIZE[@]}" \
+    --arch fp32=transformer_soft --arch bf16=transformer_soft --override "bf16={'bf16_decoding':True}" \
+    --src-len 30 --num-sentences 64 --batch-size 32 --fixed-output-len 30 --beam 4 --reps 3 --baseline fp32 \
+    --json "$OUT_DIR/$name.json" --markdown "$OUT_DIR/$name.md" >> "$OUT_DIR/bench.log" 2>&1 \
+    && log "$(grep -E '^\| bf16 ' "$OUT_DIR/$name.md" | cut -d'|' -f2,6)" || log "$name failed (bench.log)"
+else
+  log "3/3 this CPU has no AMX: bf16 on a CPU not measured"
+fi
 log "done"
