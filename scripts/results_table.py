@@ -358,7 +358,8 @@ WRITTEN_BESIDE_COMMANDS = {
                       '[shortlist_speed_int8_small10k_k10_kernels.json]'
                       '(shortlist_speed_int8_small10k_k10_kernels.json), the float32 '
                       'and int8 rows measured again: shortlist_speed_fp32_*.json, '
-                      'shortlist_speed_int8_*.json): a vocabulary shortlist, bf16 and int8 against the exact '
+                      "shortlist_speed_int8_*.json; lists of candidates smaller than a batch's: "
+                      'shortlist_groups_*.json): a vocabulary shortlist, bf16 and int8 against the exact '
                       "engine, BLEU and speed, beside CTranslate2's int8 and vocabulary map (written beside "
                       'its commands)'),
     "gpu_check": (" ([gpu_check/](gpu_check/)): the prepared GPU check's record, its GPU tests and speed "

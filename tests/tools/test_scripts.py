@@ -755,6 +755,35 @@ def test_a_scripts_scratch_folder_is_gone_when_its_process_ends(tmp_path, ending
     assert kept.is_dir()
 
 
+def test_shortlist_groups_times_each_list_of_candidates(tmp_path):
+    """research/shortlist_groups.py on a tiny vocabulary: a group's candidates
+    grow with the group, a batch's are the most of them, and every kind of
+    step is timed in each round."""
+    words = [f"t{i}" for i in range(40)]
+    (tmp_path / "dict.txt").write_text("".join(f"{w} {100 - i}\n" for i, w in enumerate(words)))
+    (tmp_path / "text").write_text("".join(" ".join(words[(i * 7 + j) % 40] for j in range(5)) + "\n"
+                                           for i in range(12)))
+    (tmp_path / "vmap").write_text("\tt0 t1\n" + "".join(f"{w}\t{w} t{(i + 1) % 40}\n" for i, w in enumerate(words)))
+    out = tmp_path / "groups.json"
+    for packed in ([], ["--packed-groups"]):
+        script("shortlist_groups.py", "--vocab", 300, "--text", tmp_path / "text", "--dictionary",
+               tmp_path / "dict.txt", "--target-dictionary", tmp_path / "dict.txt", "--shortlist", tmp_path / "vmap",
+               "--sentences", 12, "--batch", 4, "--groups", 1, 2, "--len", 3, "--rounds", 2, "--json", out, *packed)
+        figures = json.loads(out.read_text())
+        columns = figures["columns"]
+        (one, one_width), (two, two_width) = columns["groups of 1 (mean, padded width)"], \
+            columns["groups of 2 (mean, padded width)"]
+        assert one <= one_width <= two_width <= columns["batch's candidates"] < columns["whole vocabulary"] == 300
+        assert one < two
+        assert set(figures["runs"]) == {"whole vocabulary", "batch's candidates", "candidates of groups of 1",
+                                        "candidates of groups of 2"}
+        assert all(len(r) == 2 and min(r) > 0 for r in figures["runs"].values())
+    refused = script("shortlist_groups.py", "--text", tmp_path / "text", "--dictionary", tmp_path / "dict.txt",
+                     "--target-dictionary", tmp_path / "dict.txt", "--shortlist", tmp_path / "vmap",
+                     "--batch", 4, "--groups", 3, check=False)
+    assert refused.returncode == 2 and "--groups 3 must divide --batch 4" in refused.stderr
+
+
 def test_shortlist_bound_measures_the_vocabularys_share_of_a_step(tmp_path):
     """research/shortlist_bound.py on a tiny random model: the time over the
     vocabulary is a part of each system's decoding time, the kept share is a
