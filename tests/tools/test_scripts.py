@@ -755,15 +755,21 @@ def test_a_scripts_scratch_folder_is_gone_when_its_process_ends(tmp_path, ending
     assert kept.is_dir()
 
 
+def write_tiny_shortlist_files(folder):
+    """A dictionary of 40 words (dict.txt), 12 sentences of 5 of them (text) and
+    a table (vmap) giving each word itself and the next, and two for every sentence."""
+    words = [f"t{i}" for i in range(40)]
+    (folder / "dict.txt").write_text("".join(f"{w} {100 - i}\n" for i, w in enumerate(words)))
+    (folder / "text").write_text("".join(" ".join(words[(i * 7 + j) % 40] for j in range(5)) + "\n"
+                                         for i in range(12)))
+    (folder / "vmap").write_text("\tt0 t1\n" + "".join(f"{w}\t{w} t{(i + 1) % 40}\n" for i, w in enumerate(words)))
+
+
 def test_shortlist_groups_times_each_list_of_candidates(tmp_path):
     """research/shortlist_groups.py on a tiny vocabulary: a group's candidates
     grow with the group, a batch's are the most of them, and every kind of
     step is timed in each round."""
-    words = [f"t{i}" for i in range(40)]
-    (tmp_path / "dict.txt").write_text("".join(f"{w} {100 - i}\n" for i, w in enumerate(words)))
-    (tmp_path / "text").write_text("".join(" ".join(words[(i * 7 + j) % 40] for j in range(5)) + "\n"
-                                           for i in range(12)))
-    (tmp_path / "vmap").write_text("\tt0 t1\n" + "".join(f"{w}\t{w} t{(i + 1) % 40}\n" for i, w in enumerate(words)))
+    write_tiny_shortlist_files(tmp_path)
     out = tmp_path / "groups.json"
     for packed in ([], ["--packed-groups"]):
         script("shortlist_groups.py", "--vocab", 300, "--text", tmp_path / "text", "--dictionary",
@@ -788,11 +794,7 @@ def test_shortlist_bound_measures_the_vocabularys_share_of_a_step(tmp_path):
     """research/shortlist_bound.py on a tiny random model: the time over the
     vocabulary is a part of each system's decoding time, the kept share is a
     batch's candidates, and the bound is the formula of both."""
-    words = [f"t{i}" for i in range(40)]
-    (tmp_path / "dict.txt").write_text("".join(f"{w} {100 - i}\n" for i, w in enumerate(words)))
-    (tmp_path / "text").write_text("".join(" ".join(words[(i * 7 + j) % 40] for j in range(5)) + "\n"
-                                           for i in range(12)))
-    (tmp_path / "vmap").write_text("\tt0 t1\n" + "".join(f"{w}\t{w} t{(i + 1) % 40}\n" for i, w in enumerate(words)))
+    write_tiny_shortlist_files(tmp_path)
     out = tmp_path / "bound.json"
     script("shortlist_bound.py", "--vocab", 300, "--text", tmp_path / "text", "--dictionary", tmp_path / "dict.txt",
            "--shortlist", tmp_path / "vmap", "--sentences", 12, "--batch", 4, "--len", 4, "--rounds", 1,
