@@ -73,6 +73,9 @@ def _generator_class(models, args, extra_gen_cls_kwargs=None, prefix_allowed_tok
                     "\"{'decoding_engine': 'search'}\" (hub: decoding_engine='search') for the plugin's")
         return None
     reason = fallback_reason(models, args, extra_gen_cls_kwargs, prefix_allowed_tokens_fn)
+    if reason is None and getattr(args, "sampling", False) and on_cuda(models):
+        # (each sentence draws from a torch.Generator of its own, a CPU one)
+        reason = "--sampling on CUDA"
     if reason is not None:
         logger.info("the plugin's beam search does not run %s: decoding with fairseq's generator",
                     reason)

@@ -197,6 +197,22 @@ def test_captured_graph_gives_the_eager_hypotheses_on_a_gpu(arch):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("arch", FAMILIES)
+@pytest.mark.parametrize("search_name", sorted(OTHER_SEARCHES))
+def test_captured_graph_gives_fairseqs_hypotheses_of_other_searches_on_a_gpu(arch, search_name):
+    """What fairseq's generator decodes on CUDA under ``auto`` (sampling
+    among them): its hypotheses over the captured step."""
+    d = make_dictionary()
+    model = decisive_model(arch, d).float().cuda()
+    src, lengths = five_sentences(d)
+    src, lengths = src.cuda(), lengths.cuda()
+    prefix = src[:, -3:-1] if search_name == "prefix" else None
+    generator_args = OTHER_SEARCHES[search_name](d)
+    assert_same_hypotheses(hypotheses(model, d, src, lengths, "graph", prefix, **generator_args),
+                           hypotheses(model, d, src, lengths, "fairseq", prefix, **generator_args))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("arch", FAMILIES)
 def test_captured_graph_with_more_decoder_heads_than_encoder_heads_on_a_gpu(arch):
     d = make_dictionary()
     model = decisive_model(arch, d, decoder_attention_heads=8).float().cuda()
@@ -215,7 +231,8 @@ def test_on_cuda_auto_is_fairseqs_generator_until_the_gpu_check_passes(monkeypat
     """``auto`` on CUDA: fairseq's generator and step, with one log line
     naming the other choice, until scripts/gpu_check.sh has passed on a GPU
     (``engines.CUDA_SEARCH_PASSED_AT``, recorded in results/gpu_check/verdict.json);
-    ``search`` chooses the plugin's search there; a CPU is not affected."""
+    ``search`` chooses the plugin's search there; a CPU is not affected.
+    Sampling on CUDA is fairseq's generator's in any case."""
     from fairseq_hardattn import decoding
     from fairseq_hardattn.decoding import PluginBeamSearch
 
@@ -238,6 +255,16 @@ def test_on_cuda_auto_is_fairseqs_generator_until_the_gpu_check_passes(monkeypat
     monkeypatch.setattr(engines, "CUDA_SEARCH_PASSED_AT", "0" * 40)
     assert engines.step_of("auto", OnCuda()) == engines.GRAPH_STEP
     assert decoding.generator_class([model], args)[0] is PluginBeamSearch
+    # sampling on CUDA: fairseq's generator (each sentence's generator is a CPU one), one line
+    caplog.clear()
+    sampling = SimpleNamespace(beam=2, nbest=1, sampling=True, sampling_topk=5, sampling_topp=-1.0,
+                               print_alignment=False)
+    with caplog.at_level(logging.INFO):
+        assert decoding.generator_class([model], sampling) is None
+    assert [r.message for r in caplog.records] == [
+        "the plugin's beam search does not run --sampling on CUDA: decoding with fairseq's generator"]
+    monkeypatch.setattr(decoding, "on_cuda", lambda models: False)
+    assert decoding.generator_class([model], sampling)[0] is PluginBeamSearch
 
 
 def test_auto_is_the_search_everywhere_only_at_a_commit_the_device_check_passed():
