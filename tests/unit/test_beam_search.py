@@ -495,3 +495,21 @@ def test_the_search_with_the_captured_step_decodes_fairseqs_hypotheses_on_a_gpu(
     model.decoder.decoding_engine = "fairseq"
     theirs = SequenceGenerator([model], d, beam_size=4, max_len_b=24).generate([model], sample)
     assert_same_hypotheses(ours, theirs)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("option", sorted(OPTIONS))
+def test_every_search_option_decodes_fairseqs_hypotheses_on_a_gpu(option):
+    """The options of the CPU's test above, on CUDA: the plugin's search over
+    the captured step against fairseq's generator over fairseq's step."""
+    d = make_dictionary(40)
+    model = decisive_model("transformer_hard_dec_small", d).float().cuda()
+    sample = {key: value.cuda() for key, value in sample_of(d)["net_input"].items()}
+    sample = {"id": torch.arange(6).cuda(), "net_input": sample}
+    model.decoder.decoding_engine = "search"
+    with torch.no_grad():
+        ours = PluginBeamSearch([model], d, **OPTIONS[option]).generate([model], sample)
+    model.decoder.decoding_engine = "fairseq"
+    with torch.no_grad():
+        theirs = SequenceGenerator([model], d, **OPTIONS[option]).generate([model], sample)
+    assert_same_hypotheses(ours, theirs)
