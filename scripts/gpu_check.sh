@@ -44,7 +44,9 @@ PY
 log "verdict: $(tr -d '\n' < "$OUT_DIR/verdict.json")"
 
 # the speed cells: Base dims, random weights, beam 4, every sentence decoded to its
-# source length; fairseq's transformer with fairseq's generator is the peer
+# source length; fairseq's transformer with fairseq's generator is the peer; the
+# plugin's rows name their engine (the plugin's search, fairseq's generator over
+# fairseq's step or over the captured one), whatever auto is at this version
 if [ "${GPU_CHECK_QUICK:-0}" = 1 ]; then
   CELLS=("8 1 2 fp32"); SIZE=(--dims small --vocab 1000)
 else
@@ -55,14 +57,16 @@ for cell in "${CELLS[@]}"; do
   name="speed_gpu_engine_${len}tok_batch${batch}_${dtype}"
   log "2/3 $name"
   "$PYTHON" scripts/benchmark_decoding.py --device "$DEVICE" --dtype "$dtype" "${SIZE[@]}" \
-    --arch fairseq=transformer --arch soft=transformer_soft --arch hard=transformer_hard_dec \
-    --arch topk2=transformer_topk_dec --override "topk2={'retrieval_k':2}" \
+    --arch fairseq=transformer \
+    --arch soft_search=transformer_soft --override "soft_search={'decoding_engine':'search'}" \
+    --arch hard_search=transformer_hard_dec --override "hard_search={'decoding_engine':'search'}" \
+    --arch topk2_search=transformer_topk_dec --override "topk2_search={'retrieval_k':2,'decoding_engine':'search'}" \
     --arch soft_fairseq=transformer_soft --override "soft_fairseq={'decoding_engine':'fairseq'}" \
     --arch soft_fairseq_graph=transformer_soft --override "soft_fairseq_graph={'decoding_engine':'graph'}" \
     --src-len "$len" --num-sentences $((2 * batch)) --batch-size "$batch" --fixed-output-len "$len" \
     --beam 4 --reps "$reps" --baseline fairseq \
     --json "$OUT_DIR/$name.json" --markdown "$OUT_DIR/$name.md" >> "$OUT_DIR/bench.log" 2>&1 \
-    && log "$(grep -E '^\| (soft|hard|topk2|soft_fairseq) ' "$OUT_DIR/$name.md" | cut -d'|' -f2,6 | tr '\n' ' ')" \
+    && log "$(grep -E '^\| (soft_search|hard_search|topk2_search|soft_fairseq) ' "$OUT_DIR/$name.md" | cut -d'|' -f2,6 | tr '\n' ' ')" \
     || log "$name failed (bench.log)"
 done
 # bf16 on this machine's CPU where it has AMX (bf16_decoding; a GPU machine's host CPU
