@@ -43,12 +43,6 @@ def wants_plugin_search(models) -> bool:
     return bool(models) and all(engine_of(model) in engines.PLUGIN_SEARCH_ENGINES for model in models)
 
 
-def on_cuda(models) -> bool:
-    """Whether the models decode on a CUDA device."""
-    parameter = next((p for model in models for p in model.parameters()), None)
-    return parameter is not None and parameter.is_cuda
-
-
 def generator_class(models, args, extra_gen_cls_kwargs=None, prefix_allowed_tokens_fn=None):
     """(the generator class, its extra keyword arguments) for ``models`` and
     the generation options ``args``, or None for fairseq's choice. A model
@@ -67,15 +61,12 @@ def generator_class(models, args, extra_gen_cls_kwargs=None, prefix_allowed_toke
 def _generator_class(models, args, extra_gen_cls_kwargs=None, prefix_allowed_tokens_fn=None):
     if getattr(args, "score_reference", False) or not wants_plugin_search(models):
         return None
-    if on_cuda(models) and any(engines.cuda_auto_is_fairseqs(engine_of(m)) for m in models):
+    if engines.on_cuda(models) and any(engines.cuda_auto_is_fairseqs(engine_of(m)) for m in models):
         logger.info("on CUDA the plugin's search has not passed its GPU check (scripts/gpu_check.sh) "
                     "at this version: decoding with fairseq's generator; --model-overrides "
                     "\"{'decoding_engine': 'search'}\" (hub: decoding_engine='search') for the plugin's")
         return None
     reason = fallback_reason(models, args, extra_gen_cls_kwargs, prefix_allowed_tokens_fn)
-    if reason is None and getattr(args, "sampling", False) and on_cuda(models):
-        # (each sentence draws from a torch.Generator of its own, a CPU one)
-        reason = "--sampling on CUDA"
     if reason is not None:
         logger.info("the plugin's beam search does not run %s: decoding with fairseq's generator",
                     reason)

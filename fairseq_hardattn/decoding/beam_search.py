@@ -571,6 +571,8 @@ def fallback_reason(models, args, extra_gen_cls_kwargs=None, prefix_allowed_toke
     extra = extra_gen_cls_kwargs or {}
     checks = (
         (getattr(args, "sampling", False) and getattr(args, "prefix_size", 0) > 0, "--sampling with --prefix-size"),
+        # (each sentence draws from a torch.Generator of its own, a CPU one)
+        (getattr(args, "sampling", False) and engines.on_cuda(models), "--sampling on CUDA"),
         (getattr(args, "diverse_beam_groups", -1) > 0, "--diverse-beam-groups"),
         (getattr(args, "diversity_rate", -1) > -1, "--diversity-rate"),
         (getattr(args, "match_source_len", False), "--match-source-len"),

@@ -39,6 +39,12 @@ PLUGIN_SEARCH_ENGINES = ("auto", "search")
 CUDA_SEARCH_PASSED_AT = "1ade96e2f965edbcbb418f40fbfe705f9328c59a"
 
 
+def on_cuda(models) -> bool:
+    """Whether the models decode on a CUDA device."""
+    parameter = next((p for model in models for p in model.parameters()), None)
+    return parameter is not None and parameter.is_cuda
+
+
 def cuda_auto_is_fairseqs(engine: str) -> bool:
     """Whether ``engine`` on CUDA decodes with fairseq's generator and step."""
     return engine == "auto" and CUDA_SEARCH_PASSED_AT is None

@@ -15,6 +15,7 @@ from fairseq.sequence_generator import SequenceGenerator
 
 import fairseq_hardattn
 from fairseq_hardattn.decoding import engines, fixed_shape_step
+from fairseq_hardattn.errors import ConfigError
 from fairseq_hardattn.modules import decoding_step
 
 from conftest import REPO, assert_same_hypotheses, build_model, decisive_model, make_dictionary, random_batch
@@ -67,6 +68,14 @@ OTHER_SEARCHES = {
 }
 
 
+def other_search_and_fairseqs_step(model, d, src, lengths, engine, search_name):
+    """The hypotheses of fairseq's generator running ``OTHER_SEARCHES[search_name]``
+    over ``engine``'s step and over fairseq's own."""
+    prefix = src[:, -3:-1] if search_name == "prefix" else None  # two tokens forced per sentence
+    generator_args = OTHER_SEARCHES[search_name](d)
+    return [hypotheses(model, d, src, lengths, step, prefix, **generator_args) for step in (engine, "fairseq")]
+
+
 # one architecture of each family (the engine's state differs by family)
 FAMILIES = ["transformer_soft", "transformer_hard_dec", "transformer_cross_self",
             "transformer_aan", "transformer_local", "transformer_flexible"]
@@ -78,10 +87,7 @@ def test_static_engine_gives_fairseqs_hypotheses_of_other_searches(arch, search_
     d = make_dictionary()
     model = decisive_model(arch, d)
     src, lengths = five_sentences(d)
-    prefix = src[:, -3:-1] if search_name == "prefix" else None  # two tokens forced per sentence
-    generator_args = OTHER_SEARCHES[search_name](d)
-    assert_same_hypotheses(hypotheses(model, d, src, lengths, "static", prefix, **generator_args),
-                           hypotheses(model, d, src, lengths, "fairseq", prefix, **generator_args))
+    assert_same_hypotheses(*other_search_and_fairseqs_step(model, d, src, lengths, "static", search_name))
 
 
 def decoder_heads(model):
@@ -205,10 +211,7 @@ def test_captured_graph_gives_fairseqs_hypotheses_of_other_searches_on_a_gpu(arc
     model = decisive_model(arch, d).float().cuda()
     src, lengths = five_sentences(d)
     src, lengths = src.cuda(), lengths.cuda()
-    prefix = src[:, -3:-1] if search_name == "prefix" else None
-    generator_args = OTHER_SEARCHES[search_name](d)
-    assert_same_hypotheses(hypotheses(model, d, src, lengths, "graph", prefix, **generator_args),
-                           hypotheses(model, d, src, lengths, "fairseq", prefix, **generator_args))
+    assert_same_hypotheses(*other_search_and_fairseqs_step(model, d, src, lengths, "graph", search_name))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -244,7 +247,7 @@ def test_on_cuda_auto_is_fairseqs_generator_until_the_gpu_check_passes(monkeypat
     assert engines.step_of("search", OnCuda()) == engines.GRAPH_STEP
     assert engines.step_of("auto", torch.zeros(1)) == engines.LINEAGE_STEP
     assert decoding.generator_class([model], args)[0] is PluginBeamSearch  # on this CPU
-    monkeypatch.setattr(decoding, "on_cuda", lambda models: True)
+    monkeypatch.setattr(engines, "on_cuda", lambda models: True)
     with caplog.at_level(logging.INFO):
         assert decoding.generator_class([model], args) is None
     said = [r.message for r in caplog.records if "gpu_check" in r.message]
@@ -263,7 +266,11 @@ def test_on_cuda_auto_is_fairseqs_generator_until_the_gpu_check_passes(monkeypat
         assert decoding.generator_class([model], sampling) is None
     assert [r.message for r in caplog.records] == [
         "the plugin's beam search does not run --sampling on CUDA: decoding with fairseq's generator"]
-    monkeypatch.setattr(decoding, "on_cuda", lambda models: False)
+    model.shortlist = object()  # a shortlist needs the plugin's search: the refusal names why
+    with pytest.raises(ConfigError, match="which these options do not run: --sampling on CUDA$"):
+        decoding.generator_class([model], sampling)
+    del model.shortlist
+    monkeypatch.setattr(engines, "on_cuda", lambda models: False)
     assert decoding.generator_class([model], sampling)[0] is PluginBeamSearch
 
 
