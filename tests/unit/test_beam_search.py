@@ -477,6 +477,18 @@ def test_the_step_kernels_local_window_is_local_attentions_step():
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
 
 
+def search_and_fairseq_on_a_gpu(model, dictionary, **options):
+    """The hypotheses of the plugin's search over the captured step and of
+    fairseq's generator over fairseq's step, for ``sample_of``'s batch on CUDA."""
+    sample = {key: value.cuda() for key, value in sample_of(dictionary)["net_input"].items()}
+    sample = {"id": torch.arange(6).cuda(), "net_input": sample}
+    found = []
+    for engine, cls in (("search", PluginBeamSearch), ("fairseq", SequenceGenerator)):
+        model.decoder.decoding_engine = engine
+        found += both(model, dictionary, sample, generator_cls=(cls,), **options)
+    return found
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("arch", ["transformer_soft", "transformer_hard_dec", "transformer_topk_dec",
                                   "transformer_cross_self", "transformer_aan", "transformer_flexible",
@@ -488,13 +500,7 @@ def test_the_search_with_the_captured_step_decodes_fairseqs_hypotheses_on_a_gpu(
     capacity included."""
     d = make_dictionary(40)
     model = decisive_model(arch, d, flexible_mean_source_length=6.0).float().cuda()
-    model.decoder.decoding_engine = "search"
-    sample = {key: value.cuda() for key, value in sample_of(d)["net_input"].items()}
-    sample = {"id": torch.arange(6).cuda(), "net_input": sample}
-    ours = PluginBeamSearch([model], d, beam_size=4, max_len_b=24).generate([model], sample)
-    model.decoder.decoding_engine = "fairseq"
-    theirs = SequenceGenerator([model], d, beam_size=4, max_len_b=24).generate([model], sample)
-    assert_same_hypotheses(ours, theirs)
+    assert_same_hypotheses(*search_and_fairseq_on_a_gpu(model, d, beam_size=4, max_len_b=24))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -504,12 +510,4 @@ def test_every_search_option_decodes_fairseqs_hypotheses_on_a_gpu(option):
     the captured step against fairseq's generator over fairseq's step."""
     d = make_dictionary(40)
     model = decisive_model("transformer_hard_dec_small", d).float().cuda()
-    sample = {key: value.cuda() for key, value in sample_of(d)["net_input"].items()}
-    sample = {"id": torch.arange(6).cuda(), "net_input": sample}
-    model.decoder.decoding_engine = "search"
-    with torch.no_grad():
-        ours = PluginBeamSearch([model], d, **OPTIONS[option]).generate([model], sample)
-    model.decoder.decoding_engine = "fairseq"
-    with torch.no_grad():
-        theirs = SequenceGenerator([model], d, **OPTIONS[option]).generate([model], sample)
-    assert_same_hypotheses(ours, theirs)
+    assert_same_hypotheses(*search_and_fairseq_on_a_gpu(model, d, **OPTIONS[option]))
