@@ -96,16 +96,19 @@ def main(argv=None):
             return kernels.beam_candidates(logits, no_columns, no_adds, 2 * beam)
         return torch.log_softmax(logits, -1).topk(2 * beam, dim=-1)
 
+    def candidates_of(sentences):
+        return shortlist.candidates(torch.nn.utils.rnn.pad_sequence(sentences, batch_first=True,
+                                                                    padding_value=source.pad()))
+
     def union_step(batch):
-        columns = shortlist.candidates(torch.nn.utils.rnn.pad_sequence(batch, batch_first=True, padding_value=1))
+        columns = candidates_of(batch)
         product = product_of(weight.index_select(0, columns))
         return (lambda features: top(product(features))), len(columns)
 
     def grouped_step(batch, size):
         """Consecutive groups of ``size`` sentences, each over its sentences' candidates."""
         groups = [batch[i:i + size] for i in range(0, len(batch), size)]
-        lists = [shortlist.candidates(torch.nn.utils.rnn.pad_sequence(g, batch_first=True, padding_value=1))
-                 for g in groups]
+        lists = [candidates_of(g) for g in groups]
         width = max(len(c) for c in lists)
         mask = torch.full((len(groups), 1, width), float("-inf"))
         for i, c in enumerate(lists):

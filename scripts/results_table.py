@@ -382,7 +382,9 @@ def ratio(row):
 
 def gpu_search_note(results):
     """The plugin's search on CUDA in the GPU column's cell (scripts/gpu_check.sh's record)."""
-    cell = by_model(load(results / "gpu_check" / "speed_gpu_engine_100tok_batch128_fp16.json"))
+    # (scripts/gpu_check.sh names its cells speed_gpu_engine_*, the GPU matrix's speed_gpu_*)
+    name = EXPERIMENTS.TABLE_GPU_BENCHMARK.replace("speed_gpu_", "speed_gpu_engine_", 1)
+    cell = by_model(load(results / "gpu_check" / f"{name}.json"))
     if not cell.get("soft_search"):
         return "; the plugin's search on a GPU is unmeasured"
     return (f"; the plugin's search, CUDA's default since its GPU check passed, in the same cell: soft "
