@@ -35,31 +35,38 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
-    from fairseq_hardattn.tools.process_memory import tree_pss_mb
+    from fairseq_hardattn.tools.process_memory import pss_mb, tree_pss_mb
     from fairseq_hardattn.tools.scratch import scratch_folder
 
     args = parse_args(argv)
     buffer_lines = int(args.command[args.command.index("--buffer-size") + 1])
-    output = scratch_folder("corpus-memory-") / "out.txt"
+    folder = scratch_folder("corpus-memory-")
+    output, log = folder / "out.txt", folder / "stderr.txt"
     parts = output.with_name(output.name + ".parts")
-    process = subprocess.Popen([sys.executable, "-m", "fairseq_hardattn", "translate", *args.command,
-                                "--output", str(output), "--no-progress-bar"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    samples = {}
-    while process.poll() is None:
-        done = len(list(parts.glob("chunk-*"))) * buffer_lines if parts.exists() else 0
-        mb = tree_pss_mb(process.pid)
-        if mb:
-            samples.setdefault(done, []).append(mb)
-        time.sleep(args.seconds)
+    with open(log, "w") as stderr:  # (a pipe left unread would stop the command once full)
+        process = subprocess.Popen([sys.executable, "-m", "fairseq_hardattn", "translate", *args.command,
+                                    "--output", str(output), "--no-progress-bar"],
+                                   stdout=subprocess.DEVNULL, stderr=stderr, text=True)
+        samples = {}  # lines done -> [(the tree's MB, the command's own process's MB)]
+        while process.poll() is None:
+            done = len(list(parts.glob("chunk-*"))) * buffer_lines if parts.exists() else 0
+            own, mb = pss_mb(process.pid), tree_pss_mb(process.pid)
+            if mb:
+                samples.setdefault(done, []).append((mb, own))
+            time.sleep(args.seconds)
     if process.returncode != 0:
-        raise SystemExit(f"corpus_memory: the command failed:\n{process.stderr.read()[-2000:]}")
-    print("lines done: largest / smallest MB")
+        raise SystemExit(f"corpus_memory: the command failed:\n{log.read_text()[-2000:]}")
+    print("lines done: largest / smallest MB; of the largest, the command's own process + its workers")
+    largest = {done: max(found) for done, found in samples.items()}
     for done in sorted(samples):
-        print(f"{done}: {max(samples[done]):.0f} / {min(samples[done]):.0f}")
-    at = [max(v) for done, v in sorted(samples.items()) if done >= args.after]
+        mb, own = largest[done]
+        print(f"{done}: {mb:.0f} / {min(found[0] for found in samples[done]):.0f}; {own:.0f} + {mb - own:.0f}")
+    at = [largest[done] for done in sorted(largest) if done >= args.after]
     if at:
-        print(f"growth of the largest after the first {args.after:,} lines: {100 * (max(at) / at[0] - 1):+.1f}%")
+        for name, of in (("the largest", lambda x: x[0]), ("its command's own process", lambda x: x[1]),
+                         ("its workers", lambda x: x[0] - x[1])):
+            growth = 100 * (max(of(x) for x in at) / max(of(at[0]), 1e-9) - 1)
+            print(f"growth of {name} after the first {args.after:,} lines: {growth:+.1f}%")
 
 
 if __name__ == "__main__":

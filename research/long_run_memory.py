@@ -22,7 +22,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from fairseq_hardattn.tools.process_memory import tree_pss_mb as pss_mb  # noqa: E402
+from fairseq_hardattn.tools.process_memory import tree_pss_mb  # noqa: E402
 
 
 # random sentences make a model loop to its length limit: this one keeps runs short
@@ -58,7 +58,7 @@ def interactive(args, lines):
         if line.startswith("H-"):
             done += 1
             if done in sampled(len(lines)):
-                samples[done] = pss_mb(proc.pid)
+                samples[done] = tree_pss_mb(proc.pid)
     feeder.join()
     proc.wait()
     return samples, {}
@@ -72,7 +72,7 @@ def live_mb():
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         return None
-    return pss_mb(os.getpid())
+    return tree_pss_mb(os.getpid())
 
 
 def hub(args, lines):
@@ -87,7 +87,7 @@ def hub(args, lines):
         model.translate(lines[start:start + 100], beam=4, max_len_b=MAX_LEN_B)
         done = start + len(lines[start:start + 100])
         if done in sampled(len(lines)):
-            samples[done] = pss_mb(os.getpid())
+            samples[done] = tree_pss_mb(os.getpid())
             if done in (1000, len(lines) - 100):
                 live[done] = live_mb()
     return samples, live

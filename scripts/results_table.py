@@ -346,7 +346,10 @@ WRITTEN_BESIDE_COMMANDS = {
                '[corpus_speed_random_base.json](corpus_speed_random_base.json), '
                '[corpus_speed_20k_kernels.json](corpus_speed_20k_kernels.json), '
                '[real_data_peer_topk10.json](real_data_peer_topk10.json), '
-               '[real_data_peer_beam4.json](real_data_peer_beam4.json)): the corpus command '
+               '[real_data_peer_beam4.json](real_data_peer_beam4.json), '
+               '[corpus_speed_20k_retrained.json](corpus_speed_20k_retrained.json), '
+               '[real_data_peer_test_beam4.json](real_data_peer_test_beam4.json), '
+               '[real_data_peer_test_topk10.json](real_data_peer_test_topk10.json)): the corpus command '
                'back-translating 100,000 lines against fairseq-interactive and CTranslate2, its memory'
                " and a kill's cost (written beside its commands)"),
     "below_float32": (' ([decoding_modes_bleu.json](decoding_modes_bleu.json), '

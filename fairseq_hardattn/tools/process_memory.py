@@ -21,16 +21,18 @@ def process_tree(pid: int) -> List[int]:
     return pids
 
 
+def pss_mb(pid: int) -> float:
+    """The proportional set size of the process ``pid``, in MB (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("Pss:")) / 1024
+    except (OSError, StopIteration):
+        return 0.0
+
+
 def tree_pss_mb(pid: int) -> float:
     """The proportional set size of ``pid``'s tree, in MB (0 once it is gone)."""
-    total = 0
-    for p in process_tree(pid):
-        try:
-            with open(f"/proc/{p}/smaps_rollup") as f:
-                total += next(int(line.split()[1]) for line in f if line.startswith("Pss:"))
-        except (OSError, StopIteration):
-            pass
-    return total / 1024
+    return sum(pss_mb(p) for p in process_tree(pid))
 
 
 class MemorySampler(threading.Thread):

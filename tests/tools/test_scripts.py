@@ -704,6 +704,22 @@ def test_corpus_resume_stops_the_corpus_command_and_counts_nothing_lost(trained_
     assert re.search(r"^wall time: uninterrupted [\d.]+ s, stopped \d+ times", proc.stdout, re.M)
 
 
+def test_corpus_memory_gives_the_commands_own_process_and_its_workers_apart(trained_checkpoints, reorder_data,
+                                                                            tmp_path):
+    source = tmp_path / "in.txt"
+    lines = (reorder_data.parent / "raw" / "test.src").read_text().splitlines()
+    source.write_text("\n".join(lines[i % len(lines)] for i in range(400)) + "\n")
+    proc = script("corpus_memory.py", "--after", 80, "--seconds", 0.1, "--", reorder_data, "--path",
+                  trained_checkpoints["soft"], "--source-lang", "src", "--target-lang", "tgt", "--max-len-b", 20,
+                  "--buffer-size", 40, "--input", source)
+    rows = re.findall(r"^(\d+): (\d+) / \d+; (\d+) \+ (-?\d+)$", proc.stdout, re.M)
+    assert rows and all(int(whole) > 0 and int(own) > 0 for _, whole, own, _ in rows), proc.stdout
+    # the whole is the parts' sum (each rounded)
+    assert all(abs(int(whole) - int(own) - int(workers)) <= 1 for _, whole, own, workers in rows)
+    for part in ("the largest", "its command's own process", "its workers"):
+        assert re.search(rf"^growth of {part} after the first 80 lines: [+-]\d+\.\d%$", proc.stdout, re.M), part
+
+
 def test_decoding_modes_bleu_against_the_exact_engine(trained_checkpoints, reorder_data, tmp_path):
     table = tmp_path / "vmap.txt"
     subprocess.run([sys.executable, "-m", "fairseq_hardattn", "shortlist", str(reorder_data), "-o", str(table),
