@@ -2,8 +2,9 @@
 """The corpus command's memory over a long run: the proportional set size
 of its process and workers, sampled every few seconds, against the lines
 committed so far (its parts); prints, per count of lines done, the largest
-and smallest sample, and the growth of the largest after the first
-``--after`` lines.
+and smallest sample (the largest as the command's own process plus its
+workers), and the growth of the largest, and of each of its two parts,
+after the first ``--after`` lines.
 
 Example: research/corpus_memory.py --after 10000 -- work/deen/data-bin
     --path work/deen/checkpoints/checkpoint_best.pt --source-lang de --target-lang en
