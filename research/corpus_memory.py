@@ -36,7 +36,7 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
-    from fairseq_hardattn.tools.process_memory import pss_mb, tree_pss_mb
+    from fairseq_hardattn.tools.process_memory import process_tree, pss_mb
     from fairseq_hardattn.tools.scratch import scratch_folder
 
     args = parse_args(argv)
@@ -51,7 +51,8 @@ def main(argv=None):
         samples = {}  # lines done -> [(the tree's MB, the command's own process's MB)]
         while process.poll() is None:
             done = len(list(parts.glob("chunk-*"))) * buffer_lines if parts.exists() else 0
-            own, mb = pss_mb(process.pid), tree_pss_mb(process.pid)
+            own, *workers = (pss_mb(pid) for pid in process_tree(process.pid))  # (one reading each)
+            mb = own + sum(workers)
             if mb:
                 samples.setdefault(done, []).append((mb, own))
             time.sleep(args.seconds)
