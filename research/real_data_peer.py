@@ -78,8 +78,8 @@ PARTS = (
 )
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_decoding_args(p: argparse.ArgumentParser):
+    """The checkpoint, the sentences and the search's options (``load``'s)."""
     p.add_argument("--data", required=True)
     p.add_argument("--path", required=True)
     p.add_argument("--subset", default="test")
@@ -88,6 +88,11 @@ def parse_args(argv=None):
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--sampling-topk", type=int, default=0, help="sample among the k best (0: beam search)")
     p.add_argument("--max-len", type=int, default=200)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_decoding_args(p)
     p.add_argument("--ct2-batch-sizes", type=int, nargs="+", help="default: --batch-size")
     p.add_argument("--ct2-hypotheses", type=int, default=1,
                    help="CTranslate2's num_hypotheses; the beam size ends a sentence as fairseq's "

@@ -753,6 +753,61 @@ def test_real_data_peer_times_each_step_to_the_next_of_its_batch():
     assert module.steps_by_rows([4, 2, 2], [None, 0.0, 1.0], 16).endswith("none of at least 8 rows to set a row's cost")
 
 
+def _research_module(name):
+    spec = importlib.util.spec_from_file_location(name, REPO / "research" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_cycles_by_library_sums_perfs_samples_by_kind_of_code():
+    """research/cycles_by_library.py's reading of ``perf report -n --sort dso,sym``:
+    each sample row counted once, in the first category that holds (a GEMM
+    symbol inside libtorch_cpu is a matrix product, not a PyTorch operator)."""
+    report = "\n".join([
+        "# Samples: 18K of event 'cpu-clock:ppp'",
+        "    18.36%    1836  libtorch_cpu.so                [.] mkl_blas_def_sgemm_kernel_0_zen",
+        "    16.10%    1610  [JIT] tid 3418                 [.] 0x00007f37af5eb23c",
+        "    7.66%     766  step_attention-ad85aba9.so     [.] attend_rows",
+        "    3.33%     333  libc.so.6                      [.] __memmove_avx512_unaligned_erms",
+        "    2.72%     272  libpython3.11.so.1.0           [.] _PyEval_EvalFrameDefault",
+        "    2.05%     205  libtorch_cpu.so                [.] at::native::AVX2::direct_copy_kernel",
+        "    1.00%     100  libctranslate2-a7a6.so.4.8.5   [.] ctranslate2::ops::TopK::compute",
+        "    0.99%      99  libctranslate2-a7a6.so.4.8.5   [.] dnnl::impl::cpu::extended_sgemm",
+        "    0.50%      50  [kernel.kallsyms]              [k] exc_page_fault",
+        "    0.25%      25  _ctypes.cpython-311.so         [.] _ctypes_callproc",
+        "",
+    ])
+    shares, samples = _research_module("cycles_by_library").categorize(report)
+    assert samples == 5296
+    expected = {"matrix products: generated code (oneDNN's JIT)": 1610,
+                "matrix products: library code (MKL, oneDNN)": 1836 + 99,
+                "the plugin's C kernels": 766, "C library (copies, allocation, maths)": 333,
+                "Python's interpreter": 272, "PyTorch's operators and dispatch": 205,
+                "CTranslate2's operators": 100, "the operating system": 50, "other": 25}
+    assert shares.keys() == expected.keys()
+    assert all(abs(shares[name] - count / 5296) < 1e-12 for name, count in expected.items()), shares
+
+
+@pytest.mark.skipif(shutil.which("perf") is None, reason="needs Linux perf")
+def test_cycles_by_library_records_only_while_the_engine_decodes(trained_checkpoints, reorder_data, tmp_path):
+    probe = subprocess.run(["perf", "record", "-o", str(tmp_path / "probe.perf"), "--", "true"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"perf cannot record here: {probe.stderr.strip()[-200:]}")
+    out = tmp_path / "cycles.json"
+    proc = script("cycles_by_library.py", "--data", reorder_data, "--path", trained_checkpoints["soft"],
+                  "--batch-size", 8, "--beam", 2, "--max-len", 20, "--rounds", 2, "--systems", "engine",
+                  "--json", out)
+    figures = json.loads(out.read_text())["engine"]
+    assert len(figures["seconds"]) == 2 and all(s > 0 for s in figures["seconds"])
+    assert abs(sum(figures["shares"].values()) - 1) < 1e-9, figures["shares"]
+    # recorded while it decodes only (999 samples a second), not while it loads the model
+    assert 0 < figures["samples"] <= 999 * sum(figures["seconds"]) * 1.2 + 20, figures
+    assert figures["shares"].get("Python's interpreter", 0) > 0
+    assert re.search(r"^whole decode\s+[\d.]+$", proc.stdout, re.M), proc.stdout
+
+
 @pytest.mark.parametrize("ending", ["returns", "raises"])
 def test_a_scripts_scratch_folder_is_gone_when_its_process_ends(tmp_path, ending):
     """tools/scratch.py: the folder a benchmark converts and writes in is
