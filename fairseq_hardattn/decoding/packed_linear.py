@@ -28,7 +28,7 @@ from typing import Set
 import torch
 from torch import nn
 
-from .heap import keep_large_blocks_in_the_heap
+from .int8 import keep_large_blocks_in_the_heap
 
 # a weight packs from 256 x 256 elements: below it (the small preset's layers)
 # oneDNN's call costs what its kernel saves

@@ -22,9 +22,7 @@ either way. While batches are out in the workers, the objects alive at the
 fork are frozen out of Python's cyclic collector
 (``WorkerPool.hold_collector``), and the model's first batch imports nothing
 (``import_what_the_first_batch_imports``): either would cost every worker a
-few tenths of a second again. Between batches, a process whose heap keeps
-large blocks gives its free pages back now and then (``heap``): a worker's
-memory stays that of the batch it decodes.
+few tenths of a second again.
 
 Workers run only for models that fairseq's tools prepared for decoding
 (``prepare_for_inference_``: fairseq-generate, fairseq-interactive, the
@@ -66,7 +64,6 @@ from typing import Dict, List, Optional
 import torch
 
 from ..models.decoding_options import AUTO
-from . import heap
 from .packed_linear import packed_linears
 from .read_ahead import batches_after, source_tokens, with_ids
 
@@ -505,10 +502,8 @@ class ParallelBatches:
         with searching():
             sample = with_ids(sample)  # (a chunk's sentences keep theirs)
             chunks = chunks_of(sample) if plain(kwargs) else [sample]
-            found = [hypotheses for chunk in chunks
-                     for hypotheses in self.serial_generate(self.model.models, chunk, **kwargs)]
-        heap.give_back_free_memory()  # (between batches: in a worker, or in the calling process)
-        return found
+            return [hypotheses for chunk in chunks
+                    for hypotheses in self.serial_generate(self.model.models, chunk, **kwargs)]
 
     def generate(self, models, sample, **kwargs):
         pending = self.__dict__.setdefault("_pending", {})  # id(src_tokens) -> (src_tokens, tasks)
