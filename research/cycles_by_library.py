@@ -30,6 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "research"))
+import real_data_peer  # noqa: E402
 
 # (category, test on a perf sample's shared object and symbol), the first that holds
 CATEGORIES = (
@@ -48,8 +49,6 @@ SYSTEMS = ("engine", "ctranslate2")
 
 
 def parse_args(argv=None):
-    import real_data_peer
-
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     real_data_peer.add_decoding_args(p)
     p.add_argument("--rounds", type=int, default=5, help="decodes of the whole set recorded, per system")
@@ -87,13 +86,13 @@ def recording(control: str, acknowledged: str, command: str):
 
 def child(args):
     """One system's decodes, recorded: a warm-up first, then ``--rounds``
-    decodes of every batch between "enable" and "disable"; prints their seconds."""
+    decodes of every batch between "enable" and "disable"; prints their
+    seconds and the sentences a decode."""
     setting = json.loads(args.setting)
     if args.child == "engine":
-        import real_data_peer
-
         task, models, generator, batches = real_data_peer.load(args)
         generator.generate(models, batches[0])
+        sentences = sum(len(batch["id"]) for batch in batches)
 
         def decode():
             for batch in batches:
@@ -104,10 +103,9 @@ def child(args):
         translator = ctranslate2.Translator(setting["model"], device="cpu", compute_type="float32",
                                             inter_threads=1, intra_threads=1)
         sources = json.loads(Path(setting["sources"]).read_text())
-        options = dict(beam_size=args.beam, max_decoding_length=args.max_len + 1)
-        if args.sampling_topk:
-            options["sampling_topk"] = args.sampling_topk
+        options = real_data_peer.ctranslate2_options(args)
         translator.translate_batch(sources[:args.batch_size], **options)
+        sentences = len(sources)
 
         def decode():
             translator.translate_batch(sources, max_batch_size=args.batch_size, **options)
@@ -118,11 +116,12 @@ def child(args):
         decode()
         seconds.append(time.perf_counter() - start)
     recording(setting["control"], setting["acknowledged"], "disable")
-    print(json.dumps(dict(seconds=seconds)), flush=True)
+    print(json.dumps(dict(seconds=seconds, sentences=sentences)), flush=True)
 
 
 def record(system: str, args, folder: Path, setting: dict):
-    """``system``'s decodes under perf: (their seconds, {category: share}, the samples)."""
+    """``system``'s decodes under perf: (their seconds, the sentences a decode,
+    {category: share}, the samples)."""
     control, acknowledged = folder / f"{system}.control", folder / f"{system}.ack"
     for fifo in (control, acknowledged):
         os.mkfifo(fifo)
@@ -135,10 +134,10 @@ def record(system: str, args, folder: Path, setting: dict):
     run = subprocess.run(command, env=env, capture_output=True, text=True)
     if run.returncode != 0:
         raise SystemExit(f"cycles_by_library: {system} under perf failed: {run.stderr.strip()[-1500:]}")
-    seconds = next(json.loads(line)["seconds"] for line in run.stdout.splitlines() if line.startswith("{"))
+    decoded = next(json.loads(line) for line in run.stdout.splitlines() if line.startswith("{"))
     report = subprocess.run(["perf", "report", "-i", str(data), "-n", "--no-children", "--sort", "dso,sym",
                              "--stdio", "-g", "none"], capture_output=True, text=True, check=True).stdout
-    return (seconds, *categorize(report))
+    return (decoded["seconds"], decoded["sentences"], *categorize(report))
 
 
 def child_argv(args):
@@ -155,32 +154,31 @@ def main(argv=None):
         return child(args)
     if shutil.which("perf") is None:
         raise SystemExit("cycles_by_library: error: Linux perf is not installed (it records where the time goes)")
-    import real_data_peer
-    from fairseq_hardattn.tools.ctranslate2_peer import convert
-
-    task, models, _, batches = real_data_peer.load(args)
-    dictionary = task.source_dictionary
-    sources = [[dictionary[t] for t in row.tolist() if t not in (dictionary.pad(), dictionary.eos())]
-               for b in batches for row in b["net_input"]["src_tokens"]]
     figures = {}
     with tempfile.TemporaryDirectory() as work:
         folder = Path(work)
-        (folder / "sources.json").write_text(json.dumps(sources))
-        setting = dict(sources=str(folder / "sources.json"))
-        if "ctranslate2" in args.systems:
-            setting["model"] = convert(models[0], dictionary, work)
+        setting = {}
+        if "ctranslate2" in args.systems:  # (its model converted, its sources written, from the checkpoint)
+            from fairseq_hardattn.tools.ctranslate2_peer import convert
+
+            task, models, _, batches = real_data_peer.load(args)
+            (folder / "sources.json").write_text(json.dumps(
+                real_data_peer.ctranslate2_sources(task.source_dictionary, batches)))
+            setting = dict(sources=str(folder / "sources.json"),
+                           model=convert(models[0], task.source_dictionary, work))
         for system in SYSTEMS:
             if system in args.systems:
-                seconds, shares, samples = record(system, args, folder, setting)
-                figures[system] = dict(seconds=seconds, shares=shares, samples=samples)
-    print_table(figures, len(sources))
+                seconds, sentences, shares, samples = record(system, args, folder, setting)
+                figures[system] = dict(seconds=seconds, sentences=sentences, shares=shares, samples=samples)
+    print_table(figures)
     if args.json:
         Path(args.json).write_text(json.dumps(dict(command=" ".join(sys.argv), **figures), indent=1) + "\n")
 
 
-def print_table(figures, sentences: int):
+def print_table(figures):
     """Seconds a decode of the set by category, the systems side by side."""
     mean = {system: sum(f["seconds"]) / len(f["seconds"]) for system, f in figures.items()}
+    sentences = next(iter(figures.values()))["sentences"]
     print(f"{sentences} sentences a decode; seconds a decode: the mean of the recorded decodes times "
           "each category's share of the samples")
     print(f"{'':48s}" + "".join(f"{system:>13s}" for system in figures))

@@ -176,15 +176,26 @@ def timed_parts():
     return seconds, calls, rows, began_at
 
 
+def ctranslate2_sources(dictionary, batches):
+    """The batches' source sentences as CTranslate2 reads them: token strings, no pad or EOS."""
+    return [[dictionary[t] for t in row.tolist() if t not in (dictionary.pad(), dictionary.eos())]
+            for b in batches for row in b["net_input"]["src_tokens"]]
+
+
+def ctranslate2_options(args) -> dict:
+    """``translate_batch``'s options for the search ``add_decoding_args`` gave."""
+    options = dict(beam_size=args.beam, max_decoding_length=args.max_len + 1)
+    if args.sampling_topk:
+        options["sampling_topk"] = args.sampling_topk
+    return options
+
+
 def ctranslate2_run(model, dictionary, batches, args):
     """CTranslate2's runs, one per batch size: its seconds and hypotheses."""
     from fairseq_hardattn.tools.ctranslate2_peer import convert
 
-    sources = [[dictionary[t] for t in row.tolist() if t not in (dictionary.pad(), dictionary.eos())]
-               for b in batches for row in b["net_input"]["src_tokens"]]
-    options = dict(beam_size=args.beam, max_decoding_length=args.max_len + 1, num_hypotheses=args.ct2_hypotheses)
-    if args.sampling_topk:
-        options["sampling_topk"] = args.sampling_topk
+    sources = ctranslate2_sources(dictionary, batches)
+    options = dict(ctranslate2_options(args), num_hypotheses=args.ct2_hypotheses)
     with tempfile.TemporaryDirectory() as folder:
         source_file = os.path.join(folder, "sources.json")
         Path(source_file).write_text(json.dumps(sources))

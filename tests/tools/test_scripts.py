@@ -735,14 +735,19 @@ def test_decoding_modes_bleu_against_the_exact_engine(trained_checkpoints, reord
     assert re.search(r"^- hard, shortlist: (k = 3 chosen on test|no k within 0.2)", text, re.M)
 
 
+def _research_module(name):
+    spec = importlib.util.spec_from_file_location(name, REPO / "research" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_real_data_peer_times_each_step_to_the_next_of_its_batch():
     """research/real_data_peer.py's timing by rows: a step is timed up to the
     next step of its batch (a batch's first step, marked None, and its last
     are not); steps of at least half the batch's rows set the cost of a row,
     and every timed row at that cost is the bound it prints."""
-    spec = importlib.util.spec_from_file_location("real_data_peer", REPO / "research" / "real_data_peer.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _research_module("real_data_peer")
     rows = [4, 16, 16, 2, 2, 4, 16, 8]
     began_at = [None, 0.0, 2.0, 4.0, 4.5, None, 10.0, 11.0]
     line = module.steps_by_rows(rows, began_at, 16)
@@ -751,13 +756,6 @@ def test_real_data_peer_times_each_step_to_the_next_of_its_batch():
     assert "steps of at least 8 rows 5.00 s, 104166.7 us a row" in line
     assert line.endswith(f"every row at that cost: {5 / 48 * 50:.2f} s")
     assert module.steps_by_rows([4, 2, 2], [None, 0.0, 1.0], 16).endswith("none of at least 8 rows to set a row's cost")
-
-
-def _research_module(name):
-    spec = importlib.util.spec_from_file_location(name, REPO / "research" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_cycles_by_library_sums_perfs_samples_by_kind_of_code():
