@@ -13,7 +13,7 @@ What applies when:
   fairseq-train, ``python -m fairseq_cli.generate`` ...):
   ``install_for_command_line`` replaces fairseq's functions where they fail
   a user (checkpoints and overrides, the last batch, fairseq-generate's
-  shards, n-gram blocking, half precision on a CPU, fairseq-interactive's
+  shards and fairseq-interactive's refused, n-gram blocking, half precision on a CPU, fairseq-interactive's
   lines, the printed text's token ids) and installs the
   command's one-line errors, help, signal handling and quiet warnings.
 - ``loading()``: the checkpoint checks around one load, undone after it
@@ -102,6 +102,7 @@ def install_for_command_line():
     _wrap(fairseq_cli.interactive, "make_batches",
           lambda make_batches: batches.read_ahead(batches.long_lines_skipped(make_batches)))
     _wrap(fairseq_cli.generate, "_main", batches.shards_honoured)
+    _wrap(fairseq_cli.interactive, "main", batches.shards_refused)
     command_line.quiet_fairseq_noise()
     if sys.excepthook is not report_error:
         sys.excepthook = report_error

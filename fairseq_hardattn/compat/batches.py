@@ -145,3 +145,20 @@ def shards_honoured(generate_main):
         return generate_main(cfg, output_file)
 
     return main
+
+
+def shards_refused(interactive_main):
+    """Wrap fairseq-interactive's ``main(cfg)``: it translates its whole
+    input, so ``--num-shards`` and ``--shard-id`` (which fairseq's own reads
+    and ignores) stop in one line naming the commands that shard."""
+
+    @functools.wraps(interactive_main)
+    def main(cfg):
+        from ..errors import ConfigError
+
+        if cfg.dataset.num_shards != 1 or cfg.dataset.shard_id != 0:
+            raise ConfigError("fairseq-interactive translates its whole input: --num-shards and --shard-id "
+                              "shard fairseq-generate and python -m fairseq_hardattn translate")
+        return interactive_main(cfg)
+
+    return main

@@ -9,9 +9,13 @@ generator for the options, which is the plugin's engine where it runs them
 (its workers reading the batches ahead, across chunks). A chunk's
 translations are committed as a whole (``parts``); a command killed and
 run again continues with the chunks not committed. Under a launcher
-(``lines.launcher_rank``) each rank decodes every rank-th chunk.
+(``lines.launcher_rank``), or as shard ``--shard-id`` of ``--num-shards``
+(a job array, machines started by hand), each rank decodes every rank-th
+chunk. fairseq's options that this command does not read are refused
+(``UNREAD``) and left out of its ``--help``.
 """
 
+import argparse
 import ast
 import hashlib
 import itertools
@@ -22,7 +26,7 @@ import sys
 import time
 from collections import deque
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -42,6 +46,39 @@ NOT_WRITTEN = (("nbest", lambda v: v > 1, "--nbest above 1 (it writes one transl
                ("score_reference", bool, "--score-reference"),
                ("print_step", bool, "--print-step"),
                ("retain_iter_history", bool, "--retain-iter-history"))
+# fairseq's option groups (by title) and options that this command does not
+# read, with what to do instead: each is refused when given (fairseq-interactive
+# would ignore it), and kept out of --help
+_RANKS_INSTEAD = ("the ranks come from torchrun (RANK, WORLD_SIZE), SLURM (SLURM_PROCID, SLURM_NTASKS) "
+                  "or --num-shards and --shard-id")
+UNREAD_GROUPS = {
+    "distributed_training": _RANKS_INSTEAD,
+    "checkpoint": "it reads checkpoints only (--path, --checkpoint-suffix, --checkpoint-shard-count)",
+    "dataset_data_loading": "it reads --input and batches it by --max-tokens and --batch-size",
+}
+READ_IN_UNREAD_GROUPS = ("checkpoint_suffix", "checkpoint_shard_count", "max_tokens", "batch_size",
+                         "skip_invalid_size_inputs_valid_test", "num_shards", "shard_id")
+UNREAD = {
+    "results_path": "the translations go to --output",
+    **dict.fromkeys(("sacrebleu", "scoring"), "there is no reference to score"),
+    **dict.fromkeys(("lm_path", "lm_weight"), "fairseq-interactive has no language model fusion"),
+    **dict.fromkeys(("decoding_format", "iter_decode_eos_penalty", "iter_decode_max_iter",
+                     "iter_decode_force_max_iter", "iter_decode_with_beam", "iter_decode_with_external_reranker"),
+                    "options of fairseq's iterative refinement models"),
+    **dict.fromkeys(("beam_mt", "lenpen_mt", "max_len_a_mt", "max_len_b_mt"),
+                    "options of fairseq's speech-to-speech models"),
+    "log_format": "it logs plain lines (LOGLEVEL sets their level)",
+    "log_interval": "it reports progress every --progress-seconds",
+    "log_file": "it logs to standard error",
+    "tpu": "it decodes on a CPU or a CUDA GPU",
+    **dict.fromkeys(("criterion", "optimizer", "lr_scheduler", "fp16_no_flatten_grads", "fp16_init_scale",
+                     "fp16_scale_window", "fp16_scale_tolerance", "on_cpu_convert_precision", "min_loss_scale",
+                     "threshold_loss_scale", "amp", "amp_batch_retries", "amp_init_scale", "amp_scale_window",
+                     "memory_efficient_bf16", "memory_efficient_fp16", "empty_cache_freq", "all_gather_list_size",
+                     "profile", "reset_logging", "suppress_crashes", "aim_repo", "aim_run_hash",
+                     "tensorboard_logdir", "wandb_project", "azureml_logging", "use_plasma_view", "plasma_path"),
+                    "a training option"),
+}
 
 
 def build_parser():
@@ -60,14 +97,65 @@ def build_parser():
                             "last rank to finish does it); nothing is decoded")
     group.add_argument("--progress-seconds", type=float, default=30.0, metavar="S",
                        help="without a terminal (or with --no-progress-bar), a progress line every S seconds")
+    for action in unread_actions(parser):
+        action.help = argparse.SUPPRESS
+    helps = {"quiet": "no progress bar or progress lines",
+             "num_shards": "split the input's buffers into N shards, each decoded by its own command "
+                           "(--shard-id): machines started by hand, a job array",
+             "shard_id": "the shard this command decodes; the last shard to finish writes --output"}
+    for action in parser._actions:
+        action.help = helps.get(action.dest, action.help)
     return parser
+
+
+def unread_actions(parser) -> Dict[argparse.Action, str]:
+    """The parser's actions of options this command does not read, each with
+    what to do instead."""
+    found = {}
+    for group in parser._action_groups:
+        instead = UNREAD_GROUPS.get(group.title)
+        for action in group._group_actions:
+            if instead is not None and action.dest not in READ_IN_UNREAD_GROUPS:
+                found[action] = instead
+            elif action.dest in UNREAD:
+                found[action] = UNREAD[action.dest]
+    return found
+
+
+def refuse_unread(parser, argv: List[str]):
+    """A one-line error for the first option in ``argv`` that this command
+    does not read (fairseq's parsers take no abbreviations)."""
+    unread = {option: (action, instead) for action, instead in unread_actions(parser).items()
+              for option in action.option_strings}
+    for word in argv:
+        if word == "--":
+            break
+        option = word.split("=", 1)[0]
+        if option in unread:
+            raise ConfigError(f"the corpus command does not read {option} ({unread[option][1]})")
+
+
+def rank_and_world(args) -> Tuple[int, int, str]:
+    """This process's share of the chunks (rank, ranks) and its progress
+    label: shard --shard-id of --num-shards, else its launcher's rank."""
+    rank, world = input_lines.launcher_rank()
+    shards, shard = args.num_shards, args.shard_id
+    if shards < 1 or not 0 <= shard < shards:
+        raise ConfigError(f"--shard-id must be at least 0 and below --num-shards ({shards}), got {shard}")
+    if shards == 1:
+        return rank, world, "translate" if world == 1 else f"translate, rank {rank} of {world}"
+    if world > 1:
+        raise ConfigError(f"--num-shards and a launcher's {world} ranks both split the input: use one")
+    return shard, shards, f"translate, shard {shard} of {shards}"
 
 
 def parse(argv):
     from fairseq import options
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    args = options.parse_args_and_arch(build_parser(), input_args=argv)
+    parser = build_parser()
+    refuse_unread(parser, argv)
+    args = options.parse_args_and_arch(parser, input_args=argv)
     if not args.output:
         raise ConfigError("--output FILE is required: where the translations go")
     if args.input in (None, "-"):
@@ -325,8 +413,7 @@ class Translator:
 
 
 def run(args, cfg):
-    rank, world = input_lines.launcher_rank()
-    label = "translate" if world == 1 else f"translate, rank {rank} of {world}"
+    rank, world, label = rank_and_world(args)
     parts = Parts(Path(args.output))
     parts.start(command_identity(args, cfg), rank, args.overwrite)
     total = input_lines.count_lines(args.input)
@@ -345,7 +432,8 @@ def run(args, cfg):
     lines_of = [min(chunk_lines, total - index * chunk_lines) for index in mine]
     todo = {index for index in mine if not parts.done(index)}
     progress = Progress(sum(lines_of), sum(n for index, n in zip(mine, lines_of) if index not in todo),
-                        args.progress_seconds, not args.no_progress_bar, label)
+                        math.inf if args.quiet else args.progress_seconds,
+                        not (args.no_progress_bar or args.quiet), label)
     if todo:
         translator = Translator(cfg)
         batches = CorpusBatches(input_lines.chunks(args.input, chunk_lines, todo.__contains__),
@@ -361,8 +449,8 @@ def run(args, cfg):
                 progress.update(len(done.texts))
     progress.close()
     if parts.missing(chunks):
-        print(f"fairseq-hardattn: {label}: done; {args.output} is assembled when every rank is done "
-              f"(by the last, or by --merge)", file=sys.stderr, flush=True)
+        print(f"fairseq-hardattn: {label}: done; {args.output} is assembled when the others are done "
+              f"(by the last to finish, or by --merge)", file=sys.stderr, flush=True)
     elif parts.merge(chunks):
         print(f"fairseq-hardattn: wrote {args.output} ({total:,} lines)", file=sys.stderr, flush=True)
 

@@ -131,10 +131,32 @@ def test_a_rank_that_died_resumes_its_part_and_merge_assembles(trained_checkpoin
     output = tmp_path / "ranks.txt"
     rank0 = translate(reorder_data, soft, source, output, "--buffer-size", 20,
                       env=tool_env(SLURM_PROCID="0", SLURM_NTASKS="2"))
-    assert "is assembled when every rank is done" in rank0.stderr and not output.exists()
+    assert "is assembled when the others are done" in rank0.stderr and not output.exists()
     merge = translate(reorder_data, soft, source, output, "--buffer-size", 20, "--merge", check=False)
     one_error_line(merge, "--merge: 2 of 5 chunks are not done yet (the first: lines 21-40)")
     translate(reorder_data, soft, source, output, "--buffer-size", 20, env=tool_env(SLURM_PROCID="1", SLURM_NTASKS="2"))
+    assert output.read_bytes() == (tmp_path / "one.txt").read_bytes()
+
+
+def test_shards_of_a_job_array_give_one_processs_output(trained_checkpoints, reorder_data, sources, tmp_path):
+    """--num-shards 2: shard 1 alone leaves the output to the other; shard 0,
+    quiet and last, writes it; a shard under a launcher's ranks is refused."""
+    soft = trained_checkpoints["soft"]
+    source = tmp_path / "in.txt"
+    source.write_text("\n".join(sources[i % len(sources)] for i in range(90)) + "\n")
+    translate(reorder_data, soft, source, tmp_path / "one.txt", "--buffer-size", 20)
+    output = tmp_path / "shards.txt"
+    both = translate(reorder_data, soft, source, output, "--buffer-size", 20, "--num-shards", 2, "--shard-id", 0,
+                     env=tool_env(SLURM_PROCID="1", SLURM_NTASKS="2"), check=False)
+    one_error_line(both, "--num-shards and a launcher's 2 ranks both split the input")
+    shard1 = translate(reorder_data, soft, source, output, "--buffer-size", 20, "--num-shards", 2, "--shard-id", 1,
+                       "--progress-seconds", 0)
+    assert "translate, shard 1 of 2: done" in shard1.stderr and not output.exists()
+    assert "translate, shard 1 of 2: 20 of 40 lines (" in shard1.stderr
+    assert committed(tmp_path / "shards.txt.parts") == 2
+    shard0 = translate(reorder_data, soft, source, output, "--buffer-size", 20, "--num-shards", 2, "--shard-id", 0,
+                       "--progress-seconds", 0, "--quiet")
+    assert "lines (" not in shard0.stderr  # (no progress lines)
     assert output.read_bytes() == (tmp_path / "one.txt").read_bytes()
 
 
@@ -186,6 +208,11 @@ def test_a_finished_run_ends_with_its_exit_functions_and_streams_done(trained_ch
     (["--input", "in.txt"], "--output FILE is required"),
     (["--input", "in.txt", "--output", "out.txt", "--nbest", "2"], "does not take --nbest above 1"),
     (["--input", "in.txt", "--output", "out.txt", "--print-alignment"], "does not take --print-alignment"),
+    (["--input", "in.txt", "--output", "out.txt", "--results-path", "r"], "does not read --results-path (the "),
+    (["--input", "in.txt", "--output", "out.txt", "--distributed-world-size=2"],
+     "does not read --distributed-world-size (the ranks come from torchrun"),
+    (["--input", "in.txt", "--output", "out.txt", "--num-shards", "2", "--shard-id", "2"],
+     "--shard-id must be at least 0 and below --num-shards (2), got 2"),
 ])
 def test_mistakes_are_one_line(trained_checkpoints, reorder_data, tmp_path, arguments, expected):
     (tmp_path / "in.txt").write_text("s1 s2\n")
@@ -199,3 +226,4 @@ def test_help_names_the_corpus_options():
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "--output FILE" in proc.stdout and "--overwrite" in proc.stdout
     assert "--sampling-topk" in proc.stdout  # fairseq-interactive's own options
+    assert "--num-shards" in proc.stdout and "--results-path" not in proc.stdout and "--save-dir" not in proc.stdout

@@ -81,3 +81,8 @@ def test_shards_partition_the_set_and_together_are_its_output(trained_checkpoint
 def test_a_shard_id_out_of_range_is_one_line(trained_checkpoints, reorder_data):
     proc = generate(reorder_data, trained_checkpoints["soft"], "--num-shards", 2, "--shard-id", 2, check=False)
     one_error_line(proc, "--shard-id must be at least 0 and below --num-shards (2), got 2")
+
+
+def test_fairseq_interactive_refuses_shards_it_would_ignore(trained_checkpoints, reorder_data):
+    proc = interactive(reorder_data, trained_checkpoints["soft"], ["s1 s2"], "--num-shards", 2, "--shard-id", 1)
+    one_error_line(proc, "fairseq-interactive translates its whole input: --num-shards and --shard-id shard")
