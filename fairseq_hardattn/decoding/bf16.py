@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError
+from .row_shapes import in_few_shapes
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +45,10 @@ def check_bf16_decoding(model, cfg=None):
                           "float32: decode in float32, or int8_decoding=True")
 
 
+# oneDNN's bfloat16 product, which compiles a kernel for each shape
+_bf16_product = in_few_shapes(F.linear)
+
+
 class BF16Linear(nn.Module):
     """A Linear layer whose product is bfloat16 (oneDNN's kernel where the
     CPU has one), float32 in and out."""
@@ -58,8 +63,8 @@ class BF16Linear(nn.Module):
     def forward(self, x):
         # as one 2-D matrix: PyTorch multiplies a bfloat16 3-D view (the
         # decoder's (rows, 1, features) step) on a path hundreds of times slower
-        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        out = F.linear(rows, self.weight).float().view(*x.shape[:-1], self.out_features)
+        out = _bf16_product(x.reshape(-1, self.in_features).to(torch.bfloat16), self.weight)
+        out = out.float().view(*x.shape[:-1], self.out_features)
         return out if self.bias is None else out + self.bias
 
 

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
+from .row_shapes import in_few_shapes
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +121,10 @@ def quantize_for_decoding(model):
     if isinstance(_submodule(model, OUTPUT_PROJECTION), nn.Linear):
         pack_int8(model, {OUTPUT_PROJECTION}, output_projection_engine)
     pack_int8(model, {nn.Linear}, layers_engine)
+    for name, module in model.named_modules():
+        engine = output_projection_engine if name == OUTPUT_PROJECTION else layers_engine
+        if engine == "onednn" and isinstance(module, torch.ao.nn.quantized.dynamic.Linear):
+            module.forward = in_few_shapes(module.forward)
     model.int8_quantized = True
     logger.info("int8 decoding (--int8-decoding): %d Linear layers quantized, int8 weights packed for "
                 "%s (the output projection for %s)", layers, layers_engine, output_projection_engine)
@@ -144,4 +149,7 @@ def int8_rows(layer, rows: torch.Tensor):
     with packing_for(packing_engines()[1]):
         packed = torch.ops.quantized.linear_prepack(sliced, None if bias is None else bias.index_select(0, rows))
     # (torch.ao.nn.quantized.dynamic.Linear's forward for qint8 weights)
-    return lambda x: torch.ops.quantized.linear_dynamic(x, packed, reduce_range=True).to(x.dtype)
+    def product(x):
+        return torch.ops.quantized.linear_dynamic(x, packed, reduce_range=True).to(x.dtype)
+
+    return in_few_shapes(product) if packing_engines()[1] == "onednn" else product

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from .int8 import keep_large_blocks_in_the_heap
+from .row_shapes import in_few_shapes
 
 # a weight packs from 256 x 256 elements: below it (the small preset's layers)
 # oneDNN's call costs what its kernel saves
@@ -57,7 +58,7 @@ def packed_product(weight: torch.Tensor, bias=None):
     ``weight`` packed now (later changes to the weight are not seen)."""
     packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
     bias = None if bias is None else bias.detach()
-    return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    return in_few_shapes(lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], ""))
 
 
 # a prepared model's packed forwards, by layer: (its weights, their marks, the forward)

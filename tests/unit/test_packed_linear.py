@@ -2,7 +2,8 @@
 the outputs of nn.Linear, a weight changed since the last block seen (even
 through .data, as fairseq's optimizer changes it; a model prepared for
 decoding keeps its packing until a weight changes), and every layer
-restored on leaving, even when the block fails. (The search over every
+restored on leaving, even when the block fails; oneDNN's products (float32
+packed, bfloat16, int8) on rows padded to few sizes. (The search over every
 architecture: tests/unit/test_beam_search.py.)"""
 
 import pytest
@@ -11,6 +12,7 @@ from torch import nn
 
 from fairseq_hardattn.decoding.packed_linear import (MIN_PACKED_WEIGHT, onednn_linear_available,
                                                         packed_linears)
+from fairseq_hardattn.decoding.row_shapes import in_few_shapes
 
 pytestmark = pytest.mark.skipif(not onednn_linear_available(), reason="PyTorch without oneDNN")
 
@@ -92,3 +94,24 @@ def test_overlapping_blocks_share_one_packing_until_the_last_closes():
     assert all(vars(layer)["forward"] is forwards[layer] for layer in layers)
     second.__exit__(None, None, None)
     assert not any("forward" in vars(layer) for layer in model.values())
+
+
+def test_onednn_products_run_on_few_row_counts_and_give_each_rows_own_output():
+    """A search's rows change with every step and batch; oneDNN keeps a kernel
+    per shape: its products see 48 row counts for every count up to 512 and
+    16 more for each doubling, at most 7 rows more (a sixteenth from 256)."""
+    seen = []
+
+    def product(x, weight):
+        seen.append(x.size(0))
+        return torch.nn.functional.linear(x, weight)
+
+    weight = torch.randn(5, 4)
+    wrapped = in_few_shapes(product)
+    for rows in range(1, 1025):
+        x = torch.randn(rows, 4)
+        torch.testing.assert_close(wrapped(x, weight), torch.nn.functional.linear(x, weight))
+        padded = seen[-1]
+        assert padded >= rows and padded - rows <= max(7, rows // 16)
+    assert len(set(seen[:512])) == 48 and len(set(seen)) == 64
+    assert wrapped(torch.randn(3, 7, 4), weight).shape == (3, 7, 5)
