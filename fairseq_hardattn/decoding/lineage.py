@@ -100,12 +100,16 @@ class Lineage:
                          padding: Optional[Tensor]) -> Tensor:
         """One step of ``module``'s cross-attention over the encoder K/V it
         cached ("prev_key", "prev_value": (sentences, heads, src_len,
-        head_dim)), the hypotheses grouped by sentence: q (bsz*heads, 1,
-        head_dim) unscaled; padding (sentences, src_len) or None. Returns
-        (bsz*heads, 1, head_dim)."""
-        group = q.size(0) // module.num_heads // saved_state["prev_key"].size(0)  # per sentence
+        head_dim)), the hypotheses grouped by sentence, each sentence's caches
+        found through the table ``decoding_step.SOURCE_SENTENCES`` kept beside
+        them: q (bsz*heads, 1, head_dim) unscaled; padding (cached sentences,
+        src_len) or None. Returns (bsz*heads, 1, head_dim)."""
+        sentences = saved_state.get(decoding_step.SOURCE_SENTENCES)
+        if sentences is None:  # (from now on finished sentences leave this table, not the caches)
+            sentences = saved_state[decoding_step.SOURCE_SENTENCES] = torch.arange(saved_state["prev_key"].size(0))
+        group = q.size(0) // module.num_heads // sentences.numel()  # per sentence
         return _kernel_step(module, q, module.lineage_mode,
-                            source=_source_part(saved_state, "prev_key", "prev_value", padding, group))
+                            source=_source_part(saved_state, "prev_key", "prev_value", padding, group, sentences))
 
     def window_attention(self, module, q: Tensor, k: Tensor, v: Tensor, padding: Optional[Tensor],
                          centres: Tensor, kv_bsz: int) -> Tensor:
@@ -122,20 +126,20 @@ def attend_window(module, q: Tensor, k: Tensor, v: Tensor, padding: Optional[Ten
     shape = (kv_bsz, module.num_heads, k.size(1), module.head_dim)
     group = q.size(0) // module.num_heads // kv_bsz
     return _kernel_step(module, q, "local",
-                        source=(k.view(shape), None, v.view(shape), padding, group),
+                        source=(k.view(shape), None, v.view(shape), padding, group, None),
                         local=(centres.float().contiguous(), float(module.window),
                                2 * module.sigma ** 2))
 
 
 def _source_part(state: Dict[str, Tensor], key: str, value: str, padding: Optional[Tensor],
-                 group: int):
+                 group: int, sentences: Optional[Tensor] = None):
     """The kernel's source part of the encoder K/V cached in ``state``. The
     keys' transposed copy is made on the first step and kept in ``state``
-    beside them, reordered with them when sentences leave the batch."""
+    beside them (reordered with them, if they are)."""
     transposed = key + "_transposed"
     if transposed not in state:
         state[transposed] = kernels.transposed_keys(state[key])
-    return state[key], state[transposed], state[value], padding, group
+    return state[key], state[transposed], state[value], padding, group, sentences
 
 
 def _kernel_step(module, q: Tensor, mode: str, **parts) -> Tensor:

@@ -234,7 +234,8 @@ ENSEMBLE_LOG_PROBS = Kernel("beam_candidates", "ensemble_log_probs", [
 STEP_ATTENTION = Kernel("step_attention", "step_attention", [
     ("q", _ptr), ("rows", _i64), ("heads", _i64), ("dim", _i64), ("src_keys", _ptr), ("src_keys_t", _ptr),
     ("src_values", _ptr), ("sentence_stride", _i64), ("head_stride", _i64), ("src_position_stride", _i64),
-    ("src_padding", _ptr), ("src_len", _i64), ("group", _i64), ("keys", _ptr), ("values", _ptr),
+    ("src_padding", _ptr), ("src_len", _i64), ("group", _i64), ("src_sentences", _ptr), ("keys", _ptr),
+    ("values", _ptr),
     ("ancestors", _ptr), ("anc_stride", _i64), ("rows0", _i64), ("length", _i64), ("scale", _f32),
     ("mode", _int), ("k", _i64), ("centres", _ptr), ("window", _f32), ("gaussian", _f32),
     ("out", _ptr)], _int)
@@ -343,25 +344,30 @@ def step_attention_function():
 
 
 def step_attention(q: Tensor, scale: float, mode: int, k: int, out: Tensor,
-                   source: Optional[Tuple[Tensor, Tensor, Optional[Tensor], int]] = None,
+                   source: Optional[Tuple[Tensor, Tensor, Tensor, Optional[Tensor], int,
+                                          Optional[Tensor]]] = None,
                    lineage: Optional[Tuple[Tensor, Tensor, Tensor, int]] = None,
                    local: Optional[Tuple[Tensor, float, float]] = None):
     """(see step_attention.c) q, out (rows, heads, dim) contiguous float32.
-    ``source``: (keys, keys_t, values, padding, group): keys and values
-    (sentences, heads, src_len, dim), dim contiguous; keys_t the keys as
-    ``transposed_keys`` lays them out; padding (sentences, src_len) bool or
-    None; ``group`` hypotheses per sentence. ``lineage``: (keys, values,
+    ``source``: (keys, keys_t, values, padding, group, sentences): keys and
+    values (sentences, heads, src_len, dim), dim contiguous; keys_t the keys
+    as ``transposed_keys`` lays them out; padding (sentences, src_len) bool
+    or None; ``group`` hypotheses per sentence; ``sentences`` (rows / group,)
+    int64 contiguous, the cached sentence each group reads, or None (group
+    g reads sentence g). ``lineage``: (keys, values,
     ancestors, length): keys and values (capacity, rows0, heads, dim)
     contiguous, ancestors (>= rows, >= length) int64; positions
     0..length-1 are attended. One of the two at least. ``local`` (mode
     LOCAL, source only): (centres (rows, heads) float32 contiguous, window,
     gaussian)."""
     rows, heads, dim = q.shape
-    src_keys = keys_t = src_values = padding = None
+    src_keys = keys_t = src_values = padding = sentences = None
     src_len = group = 0
     strides = (0, 0, 0)
     if source is not None:
-        src_keys, keys_t, src_values, padding, group = source
+        src_keys, keys_t, src_values, padding, group, sentences = source
+        if sentences is not None and (sentences.dtype != torch.int64 or not sentences.is_contiguous()):
+            raise ValueError("step_attention: the sentences' table is a contiguous int64 tensor")
         if src_keys.stride() != src_values.stride() or src_keys.stride(3) != 1:
             src_keys, src_values = src_keys.contiguous(), src_values.contiguous()
         src_len, strides = src_keys.size(2), src_keys.stride()[:3]
@@ -377,9 +383,10 @@ def step_attention(q: Tensor, scale: float, mode: int, k: int, out: Tensor,
         q=q.data_ptr(), rows=rows, heads=heads, dim=dim, src_keys=_address(src_keys),
         src_keys_t=_address(keys_t), src_values=_address(src_values), sentence_stride=strides[0],
         head_stride=strides[1], src_position_stride=strides[2], src_padding=_address(padding),
-        src_len=src_len, group=group, keys=_address(keys), values=_address(values),
-        ancestors=_address(ancestors), anc_stride=anc_stride, rows0=rows0, length=length, scale=scale,
-        mode=mode, k=k, centres=centres, window=window, gaussian=gaussian, out=out.data_ptr())
+        src_len=src_len, group=group, src_sentences=_address(sentences), keys=_address(keys),
+        values=_address(values), ancestors=_address(ancestors), anc_stride=anc_stride, rows0=rows0,
+        length=length, scale=scale, mode=mode, k=k, centres=centres, window=window, gaussian=gaussian,
+        out=out.data_ptr())
     if status == 2:
         raise MemoryError("step_attention: could not allocate its scratch memory")
     if status != 0:

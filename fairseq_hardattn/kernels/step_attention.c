@@ -7,7 +7,9 @@
  * head and position; a row's dims contiguous), and the keys transposed in
  * blocks of 16 positions (soft and top-k take 16 scores at once as sums of
  * vectors, with no reduction per position); the hypotheses of a sentence
- * are consecutive rows (`group` each); padded positions are skipped.
+ * are consecutive rows (`group` each), and a table may say which of the
+ * cached sentences each group reads (the search drops finished sentences
+ * from its rows, not from the caches); padded positions are skipped.
  *
  * Lineage part: each step's keys and values stay where the hypothesis of
  * that step wrote them (time-major buffers: [position][row][head][dim]); a
@@ -54,13 +56,13 @@ static inline void add_scaled(float *out, const float *v, float w, int64_t n) {
     int64_t heads, int64_t dim, const float *src_keys, const float *src_keys_t,                   \
         const float *src_values, int64_t sentence_stride, int64_t head_stride,                    \
         int64_t src_position_stride, const uint8_t *src_padding, int64_t src_len, int64_t group, \
-        const float *keys, const float *values, const int64_t *ancestors, int64_t anc_stride,      \
-        int64_t rows0, int64_t length, float scale, int mode, int64_t k, const float *centres,     \
-        float window, float gaussian, float *out
+        const int64_t *src_sentences, const float *keys, const float *values,                     \
+        const int64_t *ancestors, int64_t anc_stride, int64_t rows0, int64_t length, float scale, \
+        int mode, int64_t k, const float *centres, float window, float gaussian, float *out
 #define STEP_ARGUMENTS                                                                            \
     heads, dim, src_keys, src_keys_t, src_values, sentence_stride, head_stride,                \
-        src_position_stride, src_padding, src_len, group, keys, values, ancestors, anc_stride,     \
-        rows0, length, scale, mode, k, centres, window, gaussian, out
+        src_position_stride, src_padding, src_len, group, src_sentences, keys, values, ancestors, \
+        anc_stride, rows0, length, scale, mode, k, centres, window, gaussian, out
 
 /* Rows [first, end) of the step (see step_attention); returns 0, or 2 where
  * its scratch could not be allocated. Inlined into attend_rows for each
@@ -78,7 +80,7 @@ static inline __attribute__((always_inline)) int attend_rows_body(int64_t first,
         const float *query = q + r * block;
         float *o = out + r * block;
         const int64_t *anc = ancestors ? ancestors + r * anc_stride : 0;
-        const int64_t sentence = src_len ? r / group : 0;
+        const int64_t sentence = !src_len ? 0 : src_sentences ? src_sentences[r / group] : r / group;
         const uint8_t *padding = src_padding ? src_padding + sentence * src_len : 0;
         const float *sentence_keys = src_len ? src_keys + sentence * sentence_stride : 0;
         const float *sentence_values = src_len ? src_values + sentence * sentence_stride : 0;
@@ -233,7 +235,8 @@ static int attend_rows(int64_t first, int64_t end, const float *q, STEP_PARAMETE
  * head_stride and src_position_stride in floats (the same for both); the
  * keys again as src_keys_t (sentences, heads, dim, src_len rounded up to
  * BLOCK), contiguous, zeros beyond src_len; src_padding (sentences, src_len) bytes,
- * nonzero where padded, or NULL; row r reads sentence r / group.
+ * nonzero where padded, or NULL; row r reads sentence src_sentences[r / group],
+ * or r / group where src_sentences is NULL.
  * Lineage (length > 0): keys, values (capacity, rows0, heads, dim);
  * ancestors (rows, >= length) with row stride anc_stride.
  * LOCAL: centres (rows, heads), window and gaussian as above.

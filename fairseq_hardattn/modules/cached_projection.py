@@ -266,7 +266,9 @@ class CachedProjectionAttention(MultiheadAttention):
 
     def reorder_incremental_state(self, incremental_state, new_order: Tensor):
         """Self-attention caches per hypothesis; encoder-decoder attention per
-        sentence, reordered only when the generator drops finished sentences."""
+        sentence, reordered only when the generator drops finished sentences
+        (its table of sentences only, where a reader keeps one:
+        ``decoding_step.SOURCE_SENTENCES``)."""
         buffer = self._get_input_buffer(incremental_state)
         if not buffer:
             return incremental_state
@@ -274,11 +276,17 @@ class CachedProjectionAttention(MultiheadAttention):
         order = new_order
         if self.encoder_decoder_attention:
             count = decoding_step.hypotheses_per_sentence(incremental_state)
-            rows = static.active if static else next(
-                t for t in buffer.values() if t is not None).size(0) * count
+            sentences = buffer.get(decoding_step.SOURCE_SENTENCES)
+            rows = static.active if static else (
+                sentences if sentences is not None else next(t for t in buffer.values() if t is not None)
+            ).size(0) * count
             if rows == new_order.numel():
                 return incremental_state
             order = decoding_step.sentence_order(new_order, count)
+            if sentences is not None:  # (its reader finds each sentence's caches through it)
+                buffer[decoding_step.SOURCE_SENTENCES] = sentences.index_select(0, order)
+                self._set_input_buffer(incremental_state, buffer)
+                return incremental_state
         for name, tensor in buffer.items():
             if tensor is None or name.startswith("lineage_"):
                 continue  # (lineage buffers are never reordered: their ancestors are)

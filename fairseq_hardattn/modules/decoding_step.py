@@ -158,6 +158,14 @@ def sentence_order(new_order: Tensor, count: int) -> Tensor:
     return new_order.view(-1, count)[:, 0] // count
 
 
+# in an encoder-decoder attention's cache, beside its keys and values: the
+# cached sentence that each sentence still searched reads (put there by the
+# reader, the lineage's kernel). Where it is, finished sentences leave this
+# table, not the caches: reordering it moves a few integers, not the keys
+# and values of every layer.
+SOURCE_SENTENCES = "source_sentences"
+
+
 # --- fixed-shape caches --------------------------------------------------------------
 
 

@@ -349,9 +349,10 @@ def test_the_candidates_kernel_keeps_the_lower_token_first_among_equal_logits(vo
 @pytest.mark.parametrize("mode", ["soft", "hard", "topk"])
 def test_the_step_kernel_attends_the_encoder_and_each_hypothesis_history(mode, parts, dim):
     """step_attention.c against PyTorch: the keys and values of the
-    hypothesis's sentence (padding skipped; a time-major cache's strides) and
-    of its ancestors, gathered, then one soft attention, hard retrieval's
-    argmax or top-3 attention over both."""
+    hypothesis's sentence (padding skipped; a time-major cache's strides; the
+    sentence found through a table, where the caches still hold sentences
+    that finished) and of its ancestors, gathered, then one soft attention,
+    hard retrieval's argmax or top-3 attention over both."""
     from fairseq_hardattn.decoding.lineage import MODES
 
     g = torch.Generator().manual_seed(7)
@@ -360,12 +361,14 @@ def test_the_step_kernel_attends_the_encoder_and_each_hypothesis_history(mode, p
     gathered_k, gathered_v, visible, source, lineage = [], [], [], None, None
     if parts != "lineage":
         # as fairseq's projection lays them out: (src_len, sentences, heads, dim), viewed batch-major
-        src_k = torch.randn(src_len, rows // group, heads, dim, generator=g).permute(1, 2, 0, 3)
-        src_v = torch.randn(src_len, rows // group, heads, dim, generator=g).permute(1, 2, 0, 3)
-        padding = torch.zeros(rows // group, src_len, dtype=torch.bool)
-        padding[0, :2] = True
-        source = (src_k, kernels.transposed_keys(src_k), src_v, padding, group)
-        sentence = torch.arange(rows) // group
+        cached = rows // group + 2  # (two sentences finished, left in the caches)
+        src_k = torch.randn(src_len, cached, heads, dim, generator=g).permute(1, 2, 0, 3)
+        src_v = torch.randn(src_len, cached, heads, dim, generator=g).permute(1, 2, 0, 3)
+        padding = torch.zeros(cached, src_len, dtype=torch.bool)
+        padding[3, :2] = True
+        sentences = torch.tensor([3, 0])  # the cached sentence each group of rows reads
+        source = (src_k, kernels.transposed_keys(src_k), src_v, padding, group, sentences)
+        sentence = sentences[torch.arange(rows) // group]
         gathered_k.append(src_k[sentence].transpose(1, 2))  # (rows, src_len, heads, dim)
         gathered_v.append(src_v[sentence].transpose(1, 2))
         visible.append(~padding[sentence])
@@ -406,7 +409,7 @@ def test_the_kernels_split_rows_over_torchs_threads_with_the_same_sums():
     rows, heads, dim, src_len = 64, 4, 32, 40
     q = torch.randn(rows, heads, dim, generator=g)
     src_k, src_v = torch.randn(2, rows // 4, heads, src_len, dim, generator=g)
-    source = (src_k, kernels.transposed_keys(src_k), src_v, None, 4)
+    source = (src_k, kernels.transposed_keys(src_k), src_v, None, 4, None)
     logits = torch.randn(rows, 3000, generator=g)
     columns, adds = torch.tensor([1, 3]), torch.tensor([math.nan, -1.0])
     d = make_dictionary(40)
