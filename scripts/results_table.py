@@ -351,7 +351,8 @@ WRITTEN_BESIDE_COMMANDS = {
                '[real_data_peer_test_beam4.json](real_data_peer_test_beam4.json), '
                '[real_data_peer_test_topk10.json](real_data_peer_test_topk10.json), '
                '[cycles_by_library_test_topk10.json](cycles_by_library_test_topk10.json), '
-               '[cycles_by_library_test_beam4.json](cycles_by_library_test_beam4.json)): the corpus command '
+               '[cycles_by_library_test_beam4.json](cycles_by_library_test_beam4.json), '
+               '[corpus_speed_20k_shapes.json](corpus_speed_20k_shapes.json)): the corpus command '
                'back-translating 100,000 lines against fairseq-interactive and CTranslate2, its memory'
                " and a kill's cost (written beside its commands)"),
     "below_float32": (' ([decoding_modes_bleu.json](decoding_modes_bleu.json), '
