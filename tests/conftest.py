@@ -1,6 +1,7 @@
 """Shared helpers: tiny in-process models and a tiny preprocessed data set."""
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -24,6 +25,15 @@ torch.set_num_threads(1)
 REPO = Path(__file__).resolve().parents[1]
 USER_DIR = str(REPO / "fairseq_hardattn")
 BIN_DIR = Path(sys.executable).parent
+
+
+def module_at(relative_path: str):
+    """The repository's Python file ``relative_path`` (a script, not a package module) loaded as a module."""
+    path = REPO / relative_path
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 # small enough to train a few updates in seconds, big enough for 4 heads
 TINY_DIMS = dict(

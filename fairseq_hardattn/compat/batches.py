@@ -120,6 +120,14 @@ def read_ahead(make_batches):
     return batches
 
 
+def check_shard(shards: int, shard: int):
+    """A one-line error unless ``--shard-id`` ``shard`` is one of ``--num-shards`` ``shards``."""
+    from ..errors import ConfigError
+
+    if shards < 1 or not 0 <= shard < shards:
+        raise ConfigError(f"--shard-id must be at least 0 and below --num-shards ({shards}), got {shard}")
+
+
 def shards_honoured(generate_main):
     """Wrap fairseq-generate's ``_main(cfg, output_file)``: its batches are
     shard ``--shard-id`` of ``--num-shards``."""
@@ -131,8 +139,7 @@ def shards_honoured(generate_main):
         from ..errors import ConfigError
 
         shards, shard = cfg.dataset.num_shards, cfg.dataset.shard_id
-        if shards < 1 or not 0 <= shard < shards:
-            raise ConfigError(f"--shard-id must be at least 0 and below --num-shards ({shards}), got {shard}")
+        check_shard(shards, shard)
         if shards > 1:
             if cfg.distributed_training.distributed_rank != 0:
                 raise ConfigError("fairseq-generate shards with --num-shards and --shard-id; "

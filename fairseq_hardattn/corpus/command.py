@@ -138,10 +138,11 @@ def refuse_unread(parser, argv: List[str]):
 def rank_and_world(args) -> Tuple[int, int, str]:
     """This process's share of the chunks (rank, ranks) and its progress
     label: shard --shard-id of --num-shards, else its launcher's rank."""
+    from ..compat.batches import check_shard
+
     rank, world = input_lines.launcher_rank()
     shards, shard = args.num_shards, args.shard_id
-    if shards < 1 or not 0 <= shard < shards:
-        raise ConfigError(f"--shard-id must be at least 0 and below --num-shards ({shards}), got {shard}")
+    check_shard(shards, shard)
     if shards == 1:
         return rank, world, "translate" if world == 1 else f"translate, rank {rank} of {world}"
     if world > 1:

@@ -3,12 +3,11 @@ scripts/results.sh (or scripts/gpu_results.sh, its GPU part) or cited by the
 README or a doc; and no file or folder of the repository is named after an
 issue or a work item."""
 
-import importlib.util
 import re
 import subprocess
 from pathlib import Path
 
-from conftest import REPO
+from conftest import REPO, module_at
 
 RESULTS = REPO / "results"
 DOCS = [REPO / "README.md", REPO / "HARD_PARITY.md", *sorted((REPO / "docs").glob("*.md")),
@@ -16,10 +15,7 @@ DOCS = [REPO / "README.md", REPO / "HARD_PARITY.md", *sorted((REPO / "docs").glo
 
 
 def experiments():
-    spec = importlib.util.spec_from_file_location("experiments", REPO / "examples/multi30k/experiments.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return module_at("examples/multi30k/experiments.py")
 
 
 def regenerated_patterns():

@@ -1,7 +1,6 @@
 """Smoke tests of the tools in scripts/: each runs on tiny inputs, reports
 progress, and writes outputs whose contents make sense."""
 
-import importlib.util
 import json
 import re
 import shutil
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, TEST_SENTENCES, USER_DIR, ForkServer, run_cli, tiny_dim_flags, tool_env, train
+from conftest import REPO, TEST_SENTENCES, USER_DIR, ForkServer, module_at, run_cli, tiny_dim_flags, tool_env, train
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 # the commands a user runs; the measurements behind a paragraph of the docs; the sweep's summary
@@ -38,10 +37,7 @@ def script(name, *args, check=True, timeout=600):
 
 def load_manifest():
     """examples/multi30k/experiments.py as a module."""
-    spec = importlib.util.spec_from_file_location("experiments", REPO / "examples" / "multi30k" / "experiments.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return module_at("examples/multi30k/experiments.py")
 
 
 def is_png(path):
@@ -735,19 +731,12 @@ def test_decoding_modes_bleu_against_the_exact_engine(trained_checkpoints, reord
     assert re.search(r"^- hard, shortlist: (k = 3 chosen on test|no k within 0.2)", text, re.M)
 
 
-def _research_module(name):
-    spec = importlib.util.spec_from_file_location(name, REPO / "research" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_real_data_peer_times_each_step_to_the_next_of_its_batch():
     """research/real_data_peer.py's timing by rows: a step is timed up to the
     next step of its batch (a batch's first step, marked None, and its last
     are not); steps of at least half the batch's rows set the cost of a row,
     and every timed row at that cost is the bound it prints."""
-    module = _research_module("real_data_peer")
+    module = module_at("research/real_data_peer.py")
     rows = [4, 16, 16, 2, 2, 4, 16, 8]
     began_at = [None, 0.0, 2.0, 4.0, 4.5, None, 10.0, 11.0]
     line = module.steps_by_rows(rows, began_at, 16)
@@ -776,7 +765,7 @@ def test_cycles_by_library_sums_perfs_samples_by_kind_of_code():
         "    0.25%      25  _ctypes.cpython-311.so         [.] _ctypes_callproc",
         "",
     ])
-    shares, samples = _research_module("cycles_by_library").categorize(report)
+    shares, samples = module_at("research/cycles_by_library.py").categorize(report)
     assert samples == 5296
     expected = {"matrix products: generated code (oneDNN's JIT)": 1610,
                 "matrix products: library code (MKL, oneDNN)": 1836 + 99,
