@@ -14,9 +14,13 @@ import torch
 
 
 def padded_rows(rows: int) -> int:
-    """The rows a oneDNN product of ``rows`` rows runs on: a multiple of 8,
+    """The rows a oneDNN product of ``rows`` rows runs on: 1, 2 or 4 below
+    5 rows (a product of one row costs half one of 8: one sentence's
+    greedy or sampled steps, a batch's last ones); else a multiple of 8,
     and from 256 rows of a sixteenth of the power of two below (at most
     1/16 more): 16 sizes to each doubling."""
+    if rows <= 4:
+        return 1 << (rows - 1).bit_length() if rows > 0 else rows
     step = max(8, 1 << max(rows.bit_length() - 5, 0))
     return -(-rows // step) * step
 

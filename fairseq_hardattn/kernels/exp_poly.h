@@ -11,12 +11,12 @@ static inline float exp2_poly(float y) {
     float n = floorf(y + 0.5f);
     float f = y - n;
     float p = 1.535336188e-4f;
-    p = p * f + 1.339887440e-3f;
-    p = p * f + 9.618437357e-3f;
-    p = p * f + 5.550332471e-2f;
-    p = p * f + 2.402264791e-1f;
-    p = p * f + 6.931472028e-1f;
-    p = p * f + 1.0f;
+    p = fmaf(p, f, 1.339887440e-3f);
+    p = fmaf(p, f, 9.618437357e-3f);
+    p = fmaf(p, f, 5.550332471e-2f);
+    p = fmaf(p, f, 2.402264791e-1f);
+    p = fmaf(p, f, 6.931472028e-1f);
+    p = fmaf(p, f, 1.0f);
     int32_t bits = ((int32_t)n + 127) << 23;
     float scale;
     memcpy(&scale, &bits, sizeof scale);
