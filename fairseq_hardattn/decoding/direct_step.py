@@ -11,6 +11,15 @@ Linear layers' own products (float32, oneDNN's packed, int8 or bfloat16),
 ``F.layer_norm``, the layer's activation, and the lineage's attention steps
 (``lineage.Lineage``), which are the kernel calls the modules make.
 
+Where a sublayer's Linear layers are plain float32 ones (the small
+preset's; larger ones run on oneDNN's packed kernels, int8 or bfloat16)
+and its activation ReLU, the whole sublayer (its products, the attention
+kernel, the residual sum) is one kernel call (``kernels/decoder_sublayers.c``):
+the BLAS calls PyTorch's Linear makes, through PyTorch's own BLAS, and the
+same attention kernel, so the same bits, checked once per weight shape in
+the process (``_gives_torchs_bits``); the layer norms stay PyTorch's. A
+step of one hypothesis then makes a dozen calls where it made a hundred.
+
 It runs steps after the first of a decoder whose every layer is fairseq's
 ``TransformerDecoderLayerBase`` as built (its ``forward`` not overridden,
 none of its optional parts: head scaling, the attention and feed-forward
@@ -22,7 +31,7 @@ path's, bit for bit (the same operations on the same tensors, in the same
 order): ``tests/unit/test_direct_step.py`` compares both.
 """
 
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +40,7 @@ from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 from torch import Tensor, nn
 from torch.nn.modules import module as torch_module
 
+from .. import kernels
 from ..models.attention_kind_base import AttentionKindDecoder
 from ..modules import decoding_step
 from ..modules.cached_projection import CachedProjectionAttention
@@ -96,10 +106,46 @@ def _norm(norm: Optional[nn.LayerNorm]) -> Optional[Callable[[Tensor], Tensor]]:
     return lambda x: F.layer_norm(x, shape, weight, bias, eps)
 
 
-class _Layer:
-    """One layer's parts, bound once per decoding call."""
+_linear_bits: Dict[tuple, bool] = {}
 
-    def __init__(self, layer):
+
+def _gives_torchs_bits(weight: Tensor, functions: dict) -> bool:
+    """Whether the sublayer kernels' products of a weight of this shape give
+    ``F.linear``'s bits here (the BLAS PyTorch calls, called as it calls it):
+    tried once per shape, thread count and matmul precision, on rows from 1."""
+    key = (tuple(weight.shape), torch.get_num_threads(), torch.get_float32_matmul_precision())
+    if key not in _linear_bits:
+        generator = torch.Generator().manual_seed(0)  # (the process's own generator untouched)
+        out, inputs = weight.shape
+        w, b = torch.randn(out, inputs, generator=generator), torch.randn(out, generator=generator)
+        _linear_bits[key] = all(
+            torch.equal(kernels.linear_product(x, w, b), F.linear(x, w, b))
+            for x in (torch.randn(rows, inputs, generator=generator) for rows in (1, 2, 3, 8, 13, 64, 130)))
+    return _linear_bits[key]
+
+
+def _sublayer_weights(functions: Optional[dict], **linears) -> Optional[dict]:
+    """The sublayer kernel's weight arguments of ``linears`` where each is a
+    plain float32 Linear on the CPU (not packed, int8 or bfloat16) whose
+    products the kernels compute with PyTorch's bits; else None."""
+    if functions is None:
+        return None
+    for linear in linears.values():
+        if (type(linear) is not nn.Linear or "forward" in vars(linear) or linear.weight.dtype != torch.float32
+                or linear.weight.device.type != "cpu" or not linear.weight.is_contiguous()
+                or (linear.bias is not None and not linear.bias.is_contiguous())
+                or not _gives_torchs_bits(linear.weight, functions)):
+            return None
+    return kernels.sublayer_weights(**linears)
+
+
+class _Layer:
+    """One layer's parts, bound once per decoding call: each sublayer's
+    products as the layers' own calls, and where their Linear layers allow,
+    the whole sublayer as one kernel call (``native_*``: its weights'
+    addresses)."""
+
+    def __init__(self, layer, functions: Optional[dict]):
         self.self_attn, self.encoder_attn = layer.self_attn, layer.encoder_attn
         self.q, self.k, self.v, self.self_out = (_product(getattr(layer.self_attn, name)) for name in
                                                  ("q_proj", "k_proj", "v_proj", "out_proj"))
@@ -109,6 +155,14 @@ class _Layer:
         self.self_norm, self.cross_norm, self.final_norm = (
             _norm(layer.self_attn_layer_norm), _norm(layer.encoder_attn_layer_norm), _norm(layer.final_layer_norm))
         self.pre_norm = layer.normalize_before
+        self.functions = functions
+        attention, cross = layer.self_attn, layer.encoder_attn
+        self.native_self = _sublayer_weights(functions, q=attention.q_proj, k=attention.k_proj,
+                                             v=attention.v_proj, out=attention.out_proj)
+        self.native_cross = _sublayer_weights(functions, q=cross.q_proj, out=cross.out_proj)
+        self.native_feed_forward = None if layer.activation_fn is not F.relu else _sublayer_weights(
+            functions, fc1=layer.fc1, fc2=layer.fc2)
+        self.hidden = layer.fc1.out_features
 
 
 class DirectStep:
@@ -117,7 +171,8 @@ class DirectStep:
 
     def __init__(self, decoder, capacity: int):
         self.decoder, self.capacity = decoder, capacity  # (the call's steps at most)
-        self.layers: List[_Layer] = [_Layer(layer) for layer in decoder.layers]
+        functions = kernels.sublayer_functions()
+        self.layers: List[_Layer] = [_Layer(layer, functions) for layer in decoder.layers]
         self.project_in, self.project_out = _product(decoder.project_in_dim), _product(decoder.project_out_dim)
         self.embedding_norm, self.last_norm = _norm(decoder.layernorm_embedding), _norm(decoder.layer_norm)
         self.positions: Optional[Tensor] = None  # of every step up to its length (_position)
@@ -175,30 +230,40 @@ class DirectStep:
 
 def _residual_block(pre_norm: bool, norm, x: Tensor, body, *args) -> Tensor:
     """fairseq's sublayer: ``x + body(x)``, normalised before the body
-    (pre-norm) or after the sum (post-norm)."""
-    out = body(norm(x) if pre_norm else x, *args)
-    x = x + out
-    return x if pre_norm else norm(x)
+    (pre-norm) or after the sum (post-norm); ``body(input, x, ...)`` returns
+    the sum."""
+    summed = body(norm(x) if pre_norm else x, x, *args)
+    return summed if pre_norm else norm(summed)
 
 
-def _self_attention(x: Tensor, layer: _Layer, rows: int, incremental_state, lineage) -> Tensor:
+def _self_attention(x: Tensor, residual: Tensor, layer: _Layer, rows: int, incremental_state, lineage) -> Tensor:
     module = layer.self_attn
     saved_state = module._get_input_buffer(incremental_state)
+    if layer.native_self is not None:
+        summed = lineage.self_attention_sublayer(module, saved_state, x, residual, layer.native_self,
+                                                 layer.functions)
+        if summed is not None:
+            return summed
     out = lineage.self_attention(module, saved_state, layer.q(x).view(rows * module.num_heads, 1, module.head_dim),
                                  layer.k(x), layer.v(x), rows)
-    return layer.self_out(out.view(rows, module.embed_dim))
+    return residual + layer.self_out(out.view(rows, module.embed_dim))
 
 
-def _cross_attention(x: Tensor, layer: _Layer, rows: int, incremental_state, lineage) -> Tensor:
+def _cross_attention(x: Tensor, residual: Tensor, layer: _Layer, rows: int, incremental_state, lineage) -> Tensor:
     module = layer.encoder_attn
     saved_state = module._get_input_buffer(incremental_state)
     padding = saved_state.get("prev_key_padding_mask")
     if padding is not None:
         padding = None if padding.dim() == 0 else padding.to(torch.bool)
+    if layer.native_cross is not None:
+        return lineage.source_attention_sublayer(module, saved_state, x, residual, padding, layer.native_cross,
+                                                 layer.functions)
     out = lineage.source_attention(module, saved_state,
                                    layer.cross_q(x).view(rows * module.num_heads, 1, module.head_dim), padding)
-    return layer.cross_out(out.view(rows, module.embed_dim))
+    return residual + layer.cross_out(out.view(rows, module.embed_dim))
 
 
-def _feed_forward(x: Tensor, layer: _Layer) -> Tensor:
-    return layer.fc2(layer.activation(layer.fc1(x)))
+def _feed_forward(x: Tensor, residual: Tensor, layer: _Layer) -> Tensor:
+    if layer.native_feed_forward is not None:
+        return kernels.feed_forward_sublayer(x, residual, layer.native_feed_forward, layer.hidden, layer.functions)
+    return residual + layer.fc2(layer.activation(layer.fc1(x)))

@@ -96,6 +96,36 @@ class Lineage:
         return _kernel_step(module, q, module.lineage_mode, source=source,
                             lineage=(keys, values, self.ancestors, self.length))
 
+    def self_attention_sublayer(self, module, saved_state, x: Tensor, residual: Tensor, weights: dict,
+                                functions: dict) -> Optional[Tensor]:
+        """``residual`` + ``module``'s self-attention of ``x`` (rows,
+        embed_dim) with its projections (``weights``) as one kernel call
+        (``kernels.self_attention_sublayer``): what ``self_attention`` and the
+        projections around it compute; None before its buffers exist."""
+        keys = saved_state.get("lineage_keys")
+        if keys is None:
+            return None
+        return kernels.self_attention_sublayer(
+            x, residual, weights, module.num_heads, module.head_dim, module.scaling, MODES[module.lineage_mode],
+            getattr(module, "k", 0), keys, saved_state["lineage_values"], self.ancestors, self.length, functions)
+
+    def source_attention_sublayer(self, module, saved_state, x: Tensor, residual: Tensor,
+                                  padding: Optional[Tensor], weights: dict, functions: dict) -> Tensor:
+        """``residual`` + ``module``'s cross-attention of ``x`` with its
+        projections (``weights``) as one kernel call: what ``source_attention``
+        and the projections around it compute."""
+        return kernels.cross_attention_sublayer(
+            x, residual, weights, module.num_heads, module.head_dim, module.scaling, MODES[module.lineage_mode],
+            getattr(module, "k", 0), self._source(saved_state, padding, x.size(0)), functions)
+
+    def _source(self, saved_state: Dict[str, Tensor], padding: Optional[Tensor], rows: int):
+        """The kernel's source part of cross-attention's cached encoder K/V for ``rows`` hypotheses."""
+        sentences = saved_state.get(decoding_step.SOURCE_SENTENCES)
+        if sentences is None:  # (from now on finished sentences leave this table, not the caches)
+            sentences = saved_state[decoding_step.SOURCE_SENTENCES] = torch.arange(saved_state["prev_key"].size(0))
+        group = rows // sentences.numel()  # per sentence
+        return _source_part(saved_state, "prev_key", "prev_value", padding, group, sentences)
+
     def source_attention(self, module, saved_state: Dict[str, Tensor], q: Tensor,
                          padding: Optional[Tensor]) -> Tensor:
         """One step of ``module``'s cross-attention over the encoder K/V it
@@ -104,12 +134,8 @@ class Lineage:
         found through the table ``decoding_step.SOURCE_SENTENCES`` kept beside
         them: q (bsz*heads, 1, head_dim) unscaled; padding (cached sentences,
         src_len) or None. Returns (bsz*heads, 1, head_dim)."""
-        sentences = saved_state.get(decoding_step.SOURCE_SENTENCES)
-        if sentences is None:  # (from now on finished sentences leave this table, not the caches)
-            sentences = saved_state[decoding_step.SOURCE_SENTENCES] = torch.arange(saved_state["prev_key"].size(0))
-        group = q.size(0) // module.num_heads // sentences.numel()  # per sentence
         return _kernel_step(module, q, module.lineage_mode,
-                            source=_source_part(saved_state, "prev_key", "prev_value", padding, group, sentences))
+                            source=self._source(saved_state, padding, q.size(0) // module.num_heads))
 
     def window_attention(self, module, q: Tensor, k: Tensor, v: Tensor, padding: Optional[Tensor],
                          centres: Tensor, kv_bsz: int) -> Tensor:

@@ -2,8 +2,11 @@
 compiler and loaded with ctypes (no torch headers to compile, so a build
 takes well under a second; no build step at install time): flexible
 attention's band (``flexible_band.c``), the plugin's search's candidates
-(``beam_candidates.c``) and attention steps over keys read in place: the
-encoder's, and lineage caches (``step_attention.c``).
+(``beam_candidates.c``), attention steps over keys read in place: the
+encoder's, and lineage caches (``step_attention.c``), and a decoder
+layer's sublayers as one call each (``decoder_sublayers.c``: its products
+through the BLAS functions of PyTorch's own library, found by
+``torch_blas``).
 
 A build is cached under ``$FAIRSEQ_HARDATTN_KERNEL_DIR`` (default
 ``~/.cache/fairseq_hardattn/kernels``), keyed by the source, the compiler,
@@ -21,6 +24,7 @@ UndefinedBehaviorSanitizer so.
 import ctypes
 import hashlib
 import logging
+import operator
 import os
 import re
 import shutil
@@ -169,6 +173,9 @@ class Kernel:
         self.library, self.name, self.returns = library, name, returns
         self.parameters = tuple(parameters)
         self._names = {name for name, _ in self.parameters}
+        names = [name for name, _ in self.parameters]
+        # the arguments in the C order, as a tuple (itemgetter of one name returns the value)
+        self._in_order = operator.itemgetter(*names) if len(names) > 1 else lambda a: (a[names[0]],)
         self._bound = self._function = None  # the library it was bound in, and its function
 
     def function(self):
@@ -188,7 +195,7 @@ class Kernel:
         if arguments.keys() != self._names:
             missing, extra = sorted(self._names - arguments.keys()), sorted(arguments.keys() - self._names)
             raise TypeError(f"{self.name}: missing {missing}, unknown {extra}")
-        return self.function()(*[arguments[name] for name, _ in self.parameters])
+        return self.function()(*self._in_order(arguments))
 
 
 def c_prototype(source: str, name: str):
@@ -241,7 +248,27 @@ STEP_ATTENTION = Kernel("step_attention", "step_attention", [
     ("out", _ptr)], _int)
 STEP_ATTENTION_THREADS = Kernel("step_attention", "step_attention_threads", [
     ("rows", _i64), ("heads", _i64), ("dim", _i64), ("positions", _i64)], _int)
-KERNELS = (FLEXIBLE_BAND, BEAM_CANDIDATES, ENSEMBLE_LOG_PROBS, STEP_ATTENTION, STEP_ATTENTION_THREADS)
+_SUBLAYER_INPUTS = [("x", _ptr), ("residual", _ptr), ("out", _ptr), ("rows", _i64), ("embed", _i64)]
+_BLAS = [("gemm", _ptr), ("gemv", _ptr)]
+SELF_ATTENTION_SUBLAYER = Kernel("decoder_sublayers", "self_attention_sublayer", _SUBLAYER_INPUTS + [
+    ("q_weight", _ptr), ("q_bias", _ptr), ("k_weight", _ptr), ("k_bias", _ptr), ("v_weight", _ptr),
+    ("v_bias", _ptr), ("out_weight", _ptr), ("out_bias", _ptr), ("heads", _i64), ("head_dim", _i64),
+    ("scale", _f32), ("mode", _int), ("k", _i64), ("keys", _ptr), ("values", _ptr), ("ancestors", _ptr),
+    ("anc_stride", _i64), ("rows0", _i64), ("length", _i64)] + _BLAS + [("attention", _ptr)], _int)
+CROSS_ATTENTION_SUBLAYER = Kernel("decoder_sublayers", "cross_attention_sublayer", _SUBLAYER_INPUTS + [
+    ("q_weight", _ptr), ("q_bias", _ptr), ("out_weight", _ptr), ("out_bias", _ptr), ("heads", _i64),
+    ("head_dim", _i64), ("scale", _f32), ("mode", _int), ("k", _i64), ("src_keys", _ptr), ("src_keys_t", _ptr),
+    ("src_values", _ptr), ("sentence_stride", _i64), ("head_stride", _i64), ("src_position_stride", _i64),
+    ("src_padding", _ptr), ("src_len", _i64), ("group", _i64), ("src_sentences", _ptr)] + _BLAS
+    + [("attention", _ptr)], _int)
+FEED_FORWARD_SUBLAYER = Kernel("decoder_sublayers", "feed_forward_sublayer", _SUBLAYER_INPUTS + [
+    ("hidden", _i64), ("fc1_weight", _ptr), ("fc1_bias", _ptr), ("fc2_weight", _ptr), ("fc2_bias", _ptr)]
+    + _BLAS, _int)
+LINEAR_PRODUCT = Kernel("decoder_sublayers", "linear_product", [
+    ("x", _ptr), ("rows", _i64), ("in", _i64), ("weight", _ptr), ("bias", _ptr), ("out", _i64), ("y", _ptr)]
+    + _BLAS, None)
+KERNELS = (FLEXIBLE_BAND, BEAM_CANDIDATES, ENSEMBLE_LOG_PROBS, STEP_ATTENTION, STEP_ATTENTION_THREADS,
+           SELF_ATTENTION_SUBLAYER, CROSS_ATTENTION_SUBLAYER, FEED_FORWARD_SUBLAYER, LINEAR_PRODUCT)
 
 
 def flexible_band_function():
@@ -361,29 +388,15 @@ def step_attention(q: Tensor, scale: float, mode: int, k: int, out: Tensor,
     LOCAL, source only): (centres (rows, heads) float32 contiguous, window,
     gaussian)."""
     rows, heads, dim = q.shape
-    src_keys = keys_t = src_values = padding = sentences = None
-    src_len = group = 0
-    strides = (0, 0, 0)
-    if source is not None:
-        src_keys, keys_t, src_values, padding, group, sentences = source
-        if sentences is not None and (sentences.dtype != torch.int64 or not sentences.is_contiguous()):
-            raise ValueError("step_attention: the sentences' table is a contiguous int64 tensor")
-        if src_keys.stride() != src_values.stride() or src_keys.stride(3) != 1:
-            src_keys, src_values = src_keys.contiguous(), src_values.contiguous()
-        src_len, strides = src_keys.size(2), src_keys.stride()[:3]
-        if padding is not None:
-            padding = padding.contiguous()
     keys = values = ancestors = None
     anc_stride = rows0 = length = 0
     if lineage is not None:
         keys, values, ancestors, length = lineage
         rows0, anc_stride = keys.size(1), ancestors.stride(0)
     centres, window, gaussian = (_address(local[0]), local[1], local[2]) if local else (None, 0.0, 1.0)
+    source_arguments, _kept = _source_arguments(source)
     status = STEP_ATTENTION(
-        q=q.data_ptr(), rows=rows, heads=heads, dim=dim, src_keys=_address(src_keys),
-        src_keys_t=_address(keys_t), src_values=_address(src_values), sentence_stride=strides[0],
-        head_stride=strides[1], src_position_stride=strides[2], src_padding=_address(padding),
-        src_len=src_len, group=group, src_sentences=_address(sentences), keys=_address(keys),
+        q=q.data_ptr(), rows=rows, heads=heads, dim=dim, **source_arguments, keys=_address(keys),
         values=_address(values), ancestors=_address(ancestors), anc_stride=anc_stride, rows0=rows0,
         length=length, scale=scale, mode=mode, k=k, centres=centres, window=window, gaussian=gaussian,
         out=out.data_ptr())
@@ -391,6 +404,26 @@ def step_attention(q: Tensor, scale: float, mode: int, k: int, out: Tensor,
         raise MemoryError("step_attention: could not allocate its scratch memory")
     if status != 0:
         raise ValueError(f"step_attention: k <= {STEP_MAX_K} and at least one position to attend")
+
+
+def _source_arguments(source) -> Tuple[dict, tuple]:
+    """``step_attention``'s arguments of its source part (its ``source``, or
+    None), and the tensors they point into (the caller keeps them until the call returns)."""
+    if source is None:
+        return dict(src_keys=None, src_keys_t=None, src_values=None, sentence_stride=0, head_stride=0,
+                    src_position_stride=0, src_padding=None, src_len=0, group=0, src_sentences=None), ()
+    src_keys, keys_t, src_values, padding, group, sentences = source
+    if sentences is not None and (sentences.dtype != torch.int64 or not sentences.is_contiguous()):
+        raise ValueError("step_attention: the sentences' table is a contiguous int64 tensor")
+    if src_keys.stride() != src_values.stride() or src_keys.stride(3) != 1:
+        src_keys, src_values = src_keys.contiguous(), src_values.contiguous()
+    if padding is not None:
+        padding = padding.contiguous()
+    strides = src_keys.stride()
+    return dict(src_keys=src_keys.data_ptr(), src_keys_t=_address(keys_t), src_values=src_values.data_ptr(),
+                sentence_stride=strides[0], head_stride=strides[1], src_position_stride=strides[2],
+                src_padding=_address(padding), src_len=src_keys.size(2), group=group,
+                src_sentences=_address(sentences)), (src_keys, src_values, padding)
 
 
 def step_attention_threads(rows: int, heads: int, dim: int, positions: int) -> int:
@@ -416,3 +449,102 @@ def transposed_keys(keys: Tensor) -> Tensor:
 
 def _address(tensor: Optional[Tensor]) -> Optional[int]:
     return None if tensor is None else tensor.data_ptr()
+
+
+_torch_blas: Dict[str, Optional[Tuple[int, int]]] = {}
+
+
+def torch_blas() -> Optional[Tuple[int, int]]:
+    """The addresses of ``sgemm_`` and ``sgemv_`` in PyTorch's CPU library
+    (the BLAS its float32 Linear calls on a CPU), or None where it exports none."""
+    if "blas" not in _torch_blas:
+        found = None
+        for path in sorted((Path(torch.__file__).parent / "lib").glob("libtorch_cpu.*")):
+            try:
+                library = ctypes.CDLL(str(path))
+                found = tuple(ctypes.cast(getattr(library, name), ctypes.c_void_p).value
+                              for name in ("sgemm_", "sgemv_"))
+                break
+            except (OSError, AttributeError):
+                continue
+        _torch_blas["blas"] = found
+    return _torch_blas["blas"]
+
+
+def sublayer_functions() -> Optional[dict]:
+    """What the decoder's sublayer kernels call (``decoder_sublayers.c``):
+    PyTorch's BLAS and the step attention, as addresses; None where one is missing."""
+    sublayers, attention, blas = SELF_ATTENTION_SUBLAYER.function(), step_attention_function(), torch_blas()
+    if sublayers is None or attention is None or blas is None:
+        return None
+    return dict(gemm=blas[0], gemv=blas[1], attention=ctypes.cast(attention, ctypes.c_void_p).value)
+
+
+def linear_product(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+    """``F.linear(x, weight, bias)`` (x (rows, in), weight (out, in), float32,
+    contiguous) as the sublayer kernels compute it."""
+    functions = sublayer_functions()
+    y = x.new_empty(x.size(0), weight.size(0))
+    LINEAR_PRODUCT(x=x.data_ptr(), rows=x.size(0), **{"in": x.size(1)}, weight=weight.data_ptr(),
+                   bias=_address(bias), out=weight.size(0), y=y.data_ptr(), gemm=functions["gemm"],
+                   gemv=functions["gemv"])
+    return y
+
+
+def _sublayer_status(name: str, status: int):
+    if status == 2:
+        raise MemoryError(f"{name}: could not allocate its scratch memory")
+    if status != 0:
+        raise ValueError(f"{name}: k <= {STEP_MAX_K} and at least one position to attend")
+
+
+def self_attention_sublayer(x: Tensor, residual: Tensor, weights: dict, heads: int, head_dim: int,
+                            scale: float, mode: int, k: int, keys: Tensor, values: Tensor,
+                            ancestors: Tensor, length: int, functions: dict) -> Tensor:
+    """``residual`` + self-attention of ``x`` (both (rows, embed) contiguous
+    float32) over the lineage caches ``keys``, ``values`` (capacity, rows0,
+    heads, head_dim), this step's written at position ``length - 1``;
+    ``weights``: the addresses of q, k, v and out's (``sublayer_weights``)."""
+    out = torch.empty_like(residual)
+    rows, embed = x.shape
+    status = SELF_ATTENTION_SUBLAYER(
+        x=x.data_ptr(), residual=residual.data_ptr(), out=out.data_ptr(), rows=rows, embed=embed, **weights,
+        heads=heads, head_dim=head_dim, scale=scale, mode=mode, k=k, keys=keys.data_ptr(),
+        values=values.data_ptr(), ancestors=ancestors.data_ptr(), anc_stride=ancestors.stride(0),
+        rows0=keys.size(1), length=length, **functions)
+    _sublayer_status("self_attention_sublayer", status)
+    return out
+
+
+def cross_attention_sublayer(x: Tensor, residual: Tensor, weights: dict, heads: int, head_dim: int,
+                             scale: float, mode: int, k: int, source, functions: dict) -> Tensor:
+    """``residual`` + cross-attention of ``x`` over ``source`` (as
+    ``step_attention``'s); ``weights``: q and out's addresses."""
+    out = torch.empty_like(residual)
+    rows, embed = x.shape
+    source_arguments, _kept = _source_arguments(source)
+    status = CROSS_ATTENTION_SUBLAYER(
+        x=x.data_ptr(), residual=residual.data_ptr(), out=out.data_ptr(), rows=rows, embed=embed, **weights,
+        heads=heads, head_dim=head_dim, scale=scale, mode=mode, k=k, **source_arguments, **functions)
+    _sublayer_status("cross_attention_sublayer", status)
+    return out
+
+
+def feed_forward_sublayer(x: Tensor, residual: Tensor, weights: dict, hidden: int, functions: dict) -> Tensor:
+    """``residual`` + fc2(relu(fc1(x))); ``weights``: fc1 and fc2's addresses."""
+    out = torch.empty_like(residual)
+    rows, embed = x.shape
+    status = FEED_FORWARD_SUBLAYER(x=x.data_ptr(), residual=residual.data_ptr(), out=out.data_ptr(), rows=rows,
+                                   embed=embed, hidden=hidden, **weights, gemm=functions["gemm"],
+                                   gemv=functions["gemv"])
+    _sublayer_status("feed_forward_sublayer", status)
+    return out
+
+
+def sublayer_weights(**linears) -> dict:
+    """The kernels' weight arguments of the Linear layers named (``q=...``):
+    ``<name>_weight`` and ``<name>_bias`` addresses."""
+    found = {}
+    for name, linear in linears.items():
+        found[f"{name}_weight"], found[f"{name}_bias"] = linear.weight.data_ptr(), _address(linear.bias)
+    return found

@@ -117,3 +117,75 @@ def test_a_forward_hook_on_a_decoder_module_keeps_the_modules_path(monkeypatch):
         or not all(torch.equal(a["score"], b["score"]) for x, y in zip(hooked, plain) for a, b in zip(x, y))
     handle.remove()
     assert direct_step.supports(model.decoder) is None
+
+
+def sublayer_calls(monkeypatch):
+    """Counts of the sublayer kernels' calls, by kernel."""
+    from fairseq_hardattn import kernels
+
+    calls = {}
+    for name in ("self_attention_sublayer", "cross_attention_sublayer", "feed_forward_sublayer"):
+        original = getattr(kernels, name)
+
+        def counted(*args, _original=original, _name=name, **kwargs):
+            calls[_name] = calls.get(_name, 0) + 1
+            return _original(*args, **kwargs)
+        monkeypatch.setattr(kernels, name, counted)
+    return calls
+
+
+@pytest.mark.parametrize("arch", ["transformer_soft_small", "transformer_soft_prenorm_small",
+                                  "transformer_hard_dec_small", "transformer_topk_dec_small"])
+def test_each_sublayer_runs_as_one_kernel_call_with_the_bits_of_its_pytorch_calls(arch, monkeypatch):
+    """Where PyTorch's BLAS is found and its products give F.linear's bits,
+    a step's sublayers are one kernel call each (decoder_sublayers.c): the
+    same hypotheses and scores, bit for bit, as the step's PyTorch calls,
+    in beam search (sentences finishing, beams reordered) and sampling."""
+    from fairseq_hardattn import kernels
+
+    if kernels.sublayer_functions() is None:
+        pytest.skip("no sublayer kernels here (no compiler, or PyTorch without an exported BLAS)")
+    d = make_dictionary(40)
+    model = decisive_model(arch, d).float()
+    layer = model.decoder.layers[0]
+    if not direct_step._gives_torchs_bits(layer.fc1.weight, kernels.sublayer_functions()):
+        pytest.skip("this CPU's BLAS products differ from F.linear's here: the sublayers stay PyTorch's calls")
+    sample = sample_of(d)
+    for options in (dict(beam_size=4, max_len_b=12),
+                    dict(beam_size=2, max_len_b=10, search_strategy=Sampling(d, 5), seed=3)):
+        with monkeypatch.context() as patch:
+            calls = sublayer_calls(patch)
+            native, steps = decode(model, d, sample, True, patch, **options)
+        assert steps > 0 and calls == {name: steps * len(model.decoder.layers) for name in calls} and len(calls) == 3
+        with monkeypatch.context() as patch:
+            patch.setattr(kernels, "sublayer_functions", lambda: None)
+            calls = sublayer_calls(patch)
+            python, python_steps = decode(model, d, sample, True, patch, **options)
+        assert python_steps == steps and not calls
+        assert_identical(native, python)
+
+
+def test_a_sublayer_keeps_pytorchs_calls_where_the_kernel_would_not_give_their_bits(monkeypatch):
+    """An activation other than ReLU, a Linear layer that is not a plain
+    float32 one (int8), or a BLAS whose products differ from F.linear's
+    keep the sublayer's PyTorch calls; the others still run as kernels."""
+    from fairseq_hardattn import kernels
+
+    functions = kernels.sublayer_functions()
+    if functions is None:
+        pytest.skip("no sublayer kernels here (no compiler, or PyTorch without an exported BLAS)")
+    d = make_dictionary(40)
+    model = decisive_model("transformer_soft_small", d).float()
+    if not direct_step._gives_torchs_bits(model.decoder.layers[0].fc1.weight, functions):
+        pytest.skip("this CPU's BLAS products differ from F.linear's here")
+    model.decoder.layers[0].activation_fn = torch.nn.functional.gelu
+    step = direct_step.DirectStep(model.decoder, 8)
+    assert step.layers[0].native_feed_forward is None and step.layers[0].native_self is not None
+    assert all(layer.native_feed_forward is not None for layer in step.layers[1:])
+    monkeypatch.setattr(direct_step, "_gives_torchs_bits", lambda weight, functions: False)
+    step = direct_step.DirectStep(model.decoder, 8)
+    assert all(layer.native_self is layer.native_cross is layer.native_feed_forward is None for layer in step.layers)
+    monkeypatch.undo()
+    quantize_for_decoding(model)
+    step = direct_step.DirectStep(model.decoder, 8)
+    assert all(layer.native_self is layer.native_cross is layer.native_feed_forward is None for layer in step.layers)

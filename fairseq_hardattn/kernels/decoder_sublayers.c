@@ -1,0 +1,133 @@
+/* A decoder layer's sublayers for one step of the plugin's search on a CPU,
+ * each one call: self-attention, cross-attention and the feed-forward
+ * network, each with its residual sum (the layer norms stay PyTorch's, in
+ * the caller). Python would make a dozen operator calls for each, whose
+ * dispatch costs more than their arithmetic when few hypotheses are left.
+ *
+ * The products are the BLAS calls PyTorch's CPU Linear makes: the bias
+ * copied into the output, then sgemm (sgemv for one row) adding the
+ * product, through the BLAS functions of PyTorch's own library, passed in
+ * by the caller; the attention is step_attention.c's function, passed in
+ * too. So the sums are PyTorch's, in PyTorch's order: the caller checks
+ * once per process that the products give F.linear's bits, and uses these
+ * calls only then.
+ *
+ * Features are (rows, embed) row-major; weights (out, in) as nn.Linear
+ * keeps them; a bias may be NULL. Each returns 0, 2 where its scratch
+ * memory could not be allocated, or the attention's status. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef void (*gemm_t)(const char *transa, const char *transb, const int *m, const int *n, const int *k,
+                       const float *alpha, const float *a, const int *lda, const float *b, const int *ldb,
+                       const float *beta, float *c, const int *ldc);
+typedef void (*gemv_t)(const char *trans, const int *m, const int *n, const float *alpha, const float *a,
+                       const int *lda, const float *x, const int *incx, const float *beta, float *y,
+                       const int *incy);
+/* step_attention.c's step_attention */
+typedef int (*attention_t)(const float *q, int64_t rows, int64_t heads, int64_t dim, const float *src_keys,
+                           const float *src_keys_t, const float *src_values, int64_t sentence_stride,
+                           int64_t head_stride, int64_t src_position_stride, const uint8_t *src_padding,
+                           int64_t src_len, int64_t group, const int64_t *src_sentences, const float *keys,
+                           const float *values, const int64_t *ancestors, int64_t anc_stride, int64_t rows0,
+                           int64_t length, float scale, int mode, int64_t k, const float *centres,
+                           float window, float gaussian, float *out);
+
+/* y (rows, out) = x (rows, in) w^T + b, as torch's F.linear */
+static void linear(const void *gemm, const void *gemv, const float *x, int64_t rows, int64_t in,
+                   const float *w, const float *b, int64_t out, float *y) {
+    for (int64_t r = 0; r < rows; ++r) {
+        if (b) memcpy(y + r * out, b, out * sizeof *y);
+        else memset(y + r * out, 0, out * sizeof *y);
+    }
+    const int m = (int)out, n = (int)rows, k = (int)in, one = 1;
+    const float alpha = 1.0f, beta = 1.0f;
+    if (rows == 1)
+        ((gemv_t)gemv)("T", &k, &m, &alpha, w, &k, x, &one, &beta, y, &one);
+    else
+        ((gemm_t)gemm)("T", "N", &m, &n, &k, &alpha, w, &k, x, &k, &beta, y, &m);
+}
+
+/* linear's product alone: what the caller compares with F.linear's bits */
+void linear_product(const float *x, int64_t rows, int64_t in, const float *weight, const float *bias,
+                    int64_t out, float *y, const void *gemm, const void *gemv) {
+    linear(gemm, gemv, x, rows, in, weight, bias, out, y);
+}
+
+/* out = residual + out, elementwise (PyTorch's x + sublayer(x)) */
+static void add_residual(float *out, const float *residual, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) out[i] = residual[i] + out[i];
+}
+
+/* Self-attention over the lineage caches: this step's keys and values
+ * written into position length - 1 of `keys` and `values` (capacity, rows0,
+ * heads, head_dim), the attention over positions 0..length-1 through
+ * `ancestors`, the output projection, the residual sum into `out`. */
+int self_attention_sublayer(const float *x, const float *residual, float *out, int64_t rows, int64_t embed,
+                            const float *q_weight, const float *q_bias, const float *k_weight,
+                            const float *k_bias, const float *v_weight, const float *v_bias,
+                            const float *out_weight, const float *out_bias, int64_t heads, int64_t head_dim,
+                            float scale, int mode, int64_t k, float *keys, float *values,
+                            const int64_t *ancestors, int64_t anc_stride, int64_t rows0, int64_t length,
+                            const void *gemm, const void *gemv, const void *attention) {
+    const int64_t width = heads * head_dim;
+    float *q = malloc(2 * rows * width * sizeof *q);
+    if (!q) return 2;
+    float *attended = q + rows * width;
+    const int64_t position = (length - 1) * rows0 * width;
+    linear(gemm, gemv, x, rows, embed, q_weight, q_bias, width, q);
+    linear(gemm, gemv, x, rows, embed, k_weight, k_bias, width, keys + position);
+    linear(gemm, gemv, x, rows, embed, v_weight, v_bias, width, values + position);
+    int status = ((attention_t)attention)(q, rows, heads, head_dim, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, keys, values,
+                                          ancestors, anc_stride, rows0, length, scale, mode, k, 0, 0.0f, 1.0f,
+                                          attended);
+    if (status == 0) {
+        linear(gemm, gemv, attended, rows, width, out_weight, out_bias, embed, out);
+        add_residual(out, residual, rows * embed);
+    }
+    free(q);
+    return status;
+}
+
+/* Cross-attention over the encoder's cached keys and values (step_attention's
+ * source part, as its caller documents it), the output projection, the
+ * residual sum into `out`. */
+int cross_attention_sublayer(const float *x, const float *residual, float *out, int64_t rows, int64_t embed,
+                             const float *q_weight, const float *q_bias, const float *out_weight,
+                             const float *out_bias, int64_t heads, int64_t head_dim, float scale, int mode,
+                             int64_t k, const float *src_keys, const float *src_keys_t,
+                             const float *src_values, int64_t sentence_stride, int64_t head_stride,
+                             int64_t src_position_stride, const uint8_t *src_padding, int64_t src_len,
+                             int64_t group, const int64_t *src_sentences, const void *gemm, const void *gemv,
+                             const void *attention) {
+    const int64_t width = heads * head_dim;
+    float *q = malloc(2 * rows * width * sizeof *q);
+    if (!q) return 2;
+    float *attended = q + rows * width;
+    linear(gemm, gemv, x, rows, embed, q_weight, q_bias, width, q);
+    int status = ((attention_t)attention)(q, rows, heads, head_dim, src_keys, src_keys_t, src_values,
+                                          sentence_stride, head_stride, src_position_stride, src_padding,
+                                          src_len, group, src_sentences, 0, 0, 0, 0, 0, 0, scale, mode, k, 0,
+                                          0.0f, 1.0f, attended);
+    if (status == 0) {
+        linear(gemm, gemv, attended, rows, width, out_weight, out_bias, embed, out);
+        add_residual(out, residual, rows * embed);
+    }
+    free(q);
+    return status;
+}
+
+/* fc2(relu(fc1(x))) and the residual sum into `out`. */
+int feed_forward_sublayer(const float *x, const float *residual, float *out, int64_t rows, int64_t embed,
+                          int64_t hidden, const float *fc1_weight, const float *fc1_bias,
+                          const float *fc2_weight, const float *fc2_bias, const void *gemm, const void *gemv) {
+    float *h = malloc(rows * hidden * sizeof *h);
+    if (!h) return 2;
+    linear(gemm, gemv, x, rows, embed, fc1_weight, fc1_bias, hidden, h);
+    for (int64_t i = 0; i < rows * hidden; ++i) h[i] = h[i] < 0.0f ? 0.0f : h[i]; /* NaN stays NaN */
+    linear(gemm, gemv, h, rows, hidden, fc2_weight, fc2_bias, embed, out);
+    add_residual(out, residual, rows * embed);
+    free(h);
+    return 0;
+}
