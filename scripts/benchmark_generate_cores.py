@@ -54,7 +54,14 @@ def parse_args(argv=None):
     p.add_argument("--cores", type=int, default=os.cpu_count())
     p.add_argument("--json", help="write the rates here")
     p.add_argument("--markdown", help="write the table here")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    for option in ("text", "dictionary", "shortlist"):
+        path = getattr(args, option)
+        if path is not None and not os.path.isfile(path):
+            p.error(f"--{option} {path}: no such file")
+    if args.text and not args.dictionary:
+        p.error("--text needs --dictionary (its tokens' dictionary)")
+    return args
 
 
 def checkpoint_and_data(args, work):

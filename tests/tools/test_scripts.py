@@ -864,3 +864,12 @@ def test_shortlist_bound_measures_the_vocabularys_share_of_a_step(tmp_path):
     exact = figures["seconds"]["exact"]
     assert figures["vocabulary_share"] == pytest.approx(exact["vocabulary"] / exact["total"])
     assert figures["bound"] == pytest.approx(1 / (1 - figures["vocabulary_share"] * (1 - figures["kept"])))
+
+
+def test_benchmark_generate_cores_names_a_missing_file_in_one_line(tmp_path):
+    """A file option that names no file stops before any model is made."""
+    for option in ("--text", "--dictionary", "--shortlist"):
+        proc = script("benchmark_generate_cores.py", option, tmp_path / "missing.txt", check=False)
+        assert proc.returncode == 2
+        assert proc.stderr.strip().splitlines()[-1] == (
+            f"benchmark_generate_cores.py: error: {option} {tmp_path / 'missing.txt'}: no such file")
