@@ -60,6 +60,20 @@ static void add_residual(float *out, const float *residual, int64_t n) {
     for (int64_t i = 0; i < n; ++i) out[i] = residual[i] + out[i];
 }
 
+/* An attention sublayer's end: where the attention succeeded (`status`
+ * 0), the output projection of `attended` (rows, width) and the residual
+ * sum into `out`; frees the sublayer's `scratch`. */
+static int project_out(int status, const float *attended, int64_t rows, int64_t width, const float *weight,
+                       const float *bias, int64_t embed, const float *residual, float *out, const void *gemm,
+                       const void *gemv, float *scratch) {
+    if (status == 0) {
+        linear(gemm, gemv, attended, rows, width, weight, bias, embed, out);
+        add_residual(out, residual, rows * embed);
+    }
+    free(scratch);
+    return status;
+}
+
 /* Self-attention over the lineage caches: this step's keys and values
  * written into position length - 1 of `keys` and `values` (capacity, rows0,
  * heads, head_dim), the attention over positions 0..length-1 through
@@ -82,12 +96,7 @@ int self_attention_sublayer(const float *x, const float *residual, float *out, i
     int status = ((attention_t)attention)(q, rows, heads, head_dim, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, keys, values,
                                           ancestors, anc_stride, rows0, length, scale, mode, k, 0, 0.0f, 1.0f,
                                           attended);
-    if (status == 0) {
-        linear(gemm, gemv, attended, rows, width, out_weight, out_bias, embed, out);
-        add_residual(out, residual, rows * embed);
-    }
-    free(q);
-    return status;
+    return project_out(status, attended, rows, width, out_weight, out_bias, embed, residual, out, gemm, gemv, q);
 }
 
 /* Cross-attention over the encoder's cached keys and values (step_attention's
@@ -110,12 +119,7 @@ int cross_attention_sublayer(const float *x, const float *residual, float *out, 
                                           sentence_stride, head_stride, src_position_stride, src_padding,
                                           src_len, group, src_sentences, 0, 0, 0, 0, 0, 0, scale, mode, k, 0,
                                           0.0f, 1.0f, attended);
-    if (status == 0) {
-        linear(gemm, gemv, attended, rows, width, out_weight, out_bias, embed, out);
-        add_residual(out, residual, rows * embed);
-    }
-    free(q);
-    return status;
+    return project_out(status, attended, rows, width, out_weight, out_bias, embed, residual, out, gemm, gemv, q);
 }
 
 /* fc2(relu(fc1(x))) and the residual sum into `out`. */
