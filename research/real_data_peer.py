@@ -103,8 +103,13 @@ def parse_args(argv=None):
     p.add_argument("--profile-ops", type=int, default=0, metavar="N",
                    help="decode the batches once more under torch's profiler and print the N operators "
                         "with the most self time, with their calls (e.g. oneDNN's weight packing per call)")
+    p.add_argument("--reps", type=int, default=1, help="passes of the plugin's search over the batches: "
+                                                       "the fastest one's figures")
     p.add_argument("--json", help="write the figures here")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.reps < 1:
+        p.error("--reps must be at least 1")
+    return args
 
 
 def load(args):
@@ -217,9 +222,14 @@ def main(argv=None):
     seconds, calls, rows, began_at = timed_parts()
     d = task.target_dictionary
     generator.generate(models, batches[0])  # (first use: kernels loaded, buffers made)
-    seconds.clear(), calls.clear(), rows.clear(), began_at.clear()
-    ours = {i: d.string(h[0]["tokens"]) for b in batches
-            for i, h in zip(b["id"].tolist(), generator.generate(models, b))}
+    best = None
+    for _ in range(args.reps):  # the fastest pass, its parts' figures
+        seconds.clear(), calls.clear(), rows.clear(), began_at.clear()
+        ours = {i: d.string(h[0]["tokens"]) for b in batches
+                for i, h in zip(b["id"].tolist(), generator.generate(models, b))}
+        if best is None or seconds["whole search"] < best[0]["whole search"]:
+            best = (collections.Counter(seconds), collections.Counter(calls), list(rows), list(began_at), ours)
+    seconds, calls, rows, began_at, ours = best
     whole = seconds["whole search"]
     seconds["output projection"] = seconds["decoder step with the output projection"] - seconds["decoder step"]
     sentences = len(ours)

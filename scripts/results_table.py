@@ -352,7 +352,9 @@ WRITTEN_BESIDE_COMMANDS = {
                '[real_data_peer_test_topk10.json](real_data_peer_test_topk10.json), '
                '[cycles_by_library_test_topk10.json](cycles_by_library_test_topk10.json), '
                '[cycles_by_library_test_beam4.json](cycles_by_library_test_beam4.json), '
-               '[corpus_speed_20k_shapes.json](corpus_speed_20k_shapes.json)): the corpus command '
+               '[corpus_speed_20k_shapes.json](corpus_speed_20k_shapes.json), '
+               '[cycles_by_library_test_topk10_sublayers.json](cycles_by_library_test_topk10_sublayers.json), '
+               '[corpus_speed_20k_sublayers.json](corpus_speed_20k_sublayers.json)): the corpus command '
                'back-translating 100,000 lines against fairseq-interactive and CTranslate2, its memory'
                " and a kill's cost (written beside its commands)"),
     "below_float32": (' ([decoding_modes_bleu.json](decoding_modes_bleu.json), '
