@@ -126,14 +126,15 @@ def _gives_torchs_bits(weight: Tensor, functions: dict) -> bool:
 
 def _sublayer_weights(functions: Optional[dict], **linears) -> Optional[dict]:
     """The sublayer kernel's weight arguments of ``linears`` where each is a
-    plain float32 Linear on the CPU (not packed, int8 or bfloat16) whose
-    products the kernels compute with PyTorch's bits; else None."""
+    plain float32 Linear with a bias on the CPU (not packed, int8 or
+    bfloat16; without a bias PyTorch multiplies another way) whose products
+    the kernels compute with PyTorch's bits; else None."""
     if functions is None:
         return None
     for linear in linears.values():
         if (type(linear) is not nn.Linear or "forward" in vars(linear) or linear.weight.dtype != torch.float32
                 or linear.weight.device.type != "cpu" or not linear.weight.is_contiguous()
-                or (linear.bias is not None and not linear.bias.is_contiguous())
+                or linear.bias is None or not linear.bias.is_contiguous()
                 or not _gives_torchs_bits(linear.weight, functions)):
             return None
     return kernels.sublayer_weights(**linears)

@@ -265,7 +265,8 @@ FEED_FORWARD_SUBLAYER = Kernel("decoder_sublayers", "feed_forward_sublayer", _SU
     ("hidden", _i64), ("fc1_weight", _ptr), ("fc1_bias", _ptr), ("fc2_weight", _ptr), ("fc2_bias", _ptr)]
     + _BLAS, _int)
 LINEAR_PRODUCT = Kernel("decoder_sublayers", "linear_product", [
-    ("x", _ptr), ("rows", _i64), ("in", _i64), ("weight", _ptr), ("bias", _ptr), ("out", _i64), ("y", _ptr)]
+    ("x", _ptr), ("rows", _i64), ("in_features", _i64), ("weight", _ptr), ("bias", _ptr), ("out_features", _i64),
+    ("y", _ptr)]
     + _BLAS, None)
 KERNELS = (FLEXIBLE_BAND, BEAM_CANDIDATES, ENSEMBLE_LOG_PROBS, STEP_ATTENTION, STEP_ATTENTION_THREADS,
            SELF_ATTENTION_SUBLAYER, CROSS_ATTENTION_SUBLAYER, FEED_FORWARD_SUBLAYER, LINEAR_PRODUCT)
@@ -485,8 +486,8 @@ def linear_product(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
     contiguous) as the sublayer kernels compute it."""
     functions = sublayer_functions()
     y = x.new_empty(x.size(0), weight.size(0))
-    LINEAR_PRODUCT(x=x.data_ptr(), rows=x.size(0), **{"in": x.size(1)}, weight=weight.data_ptr(),
-                   bias=_address(bias), out=weight.size(0), y=y.data_ptr(), gemm=functions["gemm"],
+    LINEAR_PRODUCT(x=x.data_ptr(), rows=x.size(0), in_features=x.size(1), weight=weight.data_ptr(),
+                   bias=_address(bias), out_features=weight.size(0), y=y.data_ptr(), gemm=functions["gemm"],
                    gemv=functions["gemv"])
     return y
 

@@ -50,9 +50,9 @@ static void linear(const void *gemm, const void *gemv, const float *x, int64_t r
 }
 
 /* linear's product alone: what the caller compares with F.linear's bits */
-void linear_product(const float *x, int64_t rows, int64_t in, const float *weight, const float *bias,
-                    int64_t out, float *y, const void *gemm, const void *gemv) {
-    linear(gemm, gemv, x, rows, in, weight, bias, out, y);
+void linear_product(const float *x, int64_t rows, int64_t in_features, const float *weight, const float *bias,
+                    int64_t out_features, float *y, const void *gemm, const void *gemv) {
+    linear(gemm, gemv, x, rows, in_features, weight, bias, out_features, y);
 }
 
 /* out = residual + out, elementwise (PyTorch's x + sublayer(x)) */

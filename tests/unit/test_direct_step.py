@@ -166,9 +166,10 @@ def test_each_sublayer_runs_as_one_kernel_call_with_the_bits_of_its_pytorch_call
 
 
 def test_a_sublayer_keeps_pytorchs_calls_where_the_kernel_would_not_give_their_bits(monkeypatch):
-    """An activation other than ReLU, a Linear layer that is not a plain
-    float32 one (int8), or a BLAS whose products differ from F.linear's
-    keep the sublayer's PyTorch calls; the others still run as kernels."""
+    """An activation other than ReLU, a Linear layer without a bias or not
+    a plain float32 one (int8), or a BLAS whose products differ from
+    F.linear's keep the sublayer's PyTorch calls; the others still run as
+    kernels."""
     from fairseq_hardattn import kernels
 
     functions = kernels.sublayer_functions()
@@ -182,6 +183,9 @@ def test_a_sublayer_keeps_pytorchs_calls_where_the_kernel_would_not_give_their_b
     step = direct_step.DirectStep(model.decoder, 8)
     assert step.layers[0].native_feed_forward is None and step.layers[0].native_self is not None
     assert all(layer.native_feed_forward is not None for layer in step.layers[1:])
+    model.decoder.layers[1].self_attn.k_proj.bias = None
+    step = direct_step.DirectStep(model.decoder, 8)
+    assert step.layers[1].native_self is None and step.layers[1].native_cross is not None
     monkeypatch.setattr(direct_step, "_gives_torchs_bits", lambda weight, functions: False)
     step = direct_step.DirectStep(model.decoder, 8)
     assert all(layer.native_self is layer.native_cross is layer.native_feed_forward is None for layer in step.layers)
