@@ -15,6 +15,7 @@
  * Features are (rows, embed) row-major; weights (out, in) as nn.Linear
  * keeps them; a bias may be NULL. Each returns 0, 2 where its scratch
  * memory could not be allocated, or the attention's status. */
+#define _POSIX_C_SOURCE 200112L /* posix_memalign */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,6 +49,17 @@ static void linear(const void *gemm, const void *gemv, const float *x, int64_t r
     else
         ((gemm_t)gemm)("T", "N", &m, &n, &k, &alpha, w, &k, x, &k, &beta, y, &m);
 }
+
+/* Scratch of `floats` floats on 64 bytes, as PyTorch's CPU allocator aligns
+ * its tensors (the products' inputs then sit as they do in PyTorch's calls);
+ * NULL where it cannot be allocated. */
+static float *scratch(int64_t floats) {
+    void *memory = 0;
+    return posix_memalign(&memory, 64, (floats > 0 ? floats : 1) * sizeof(float)) ? 0 : memory;
+}
+
+/* `floats` rounded up to a multiple of 64 bytes */
+static int64_t aligned(int64_t floats) { return (floats + 15) / 16 * 16; }
 
 /* linear's product alone: what the caller compares with F.linear's bits */
 void linear_product(const float *x, int64_t rows, int64_t in_features, const float *weight, const float *bias,
@@ -86,9 +98,9 @@ int self_attention_sublayer(const float *x, const float *residual, float *out, i
                             const int64_t *ancestors, int64_t anc_stride, int64_t rows0, int64_t length,
                             const void *gemm, const void *gemv, const void *attention) {
     const int64_t width = heads * head_dim;
-    float *q = malloc(2 * rows * width * sizeof *q);
+    float *q = scratch(2 * aligned(rows * width));
     if (!q) return 2;
-    float *attended = q + rows * width;
+    float *attended = q + aligned(rows * width);
     const int64_t position = (length - 1) * rows0 * width;
     linear(gemm, gemv, x, rows, embed, q_weight, q_bias, width, q);
     linear(gemm, gemv, x, rows, embed, k_weight, k_bias, width, keys + position);
@@ -111,9 +123,9 @@ int cross_attention_sublayer(const float *x, const float *residual, float *out, 
                              int64_t group, const int64_t *src_sentences, const void *gemm, const void *gemv,
                              const void *attention) {
     const int64_t width = heads * head_dim;
-    float *q = malloc(2 * rows * width * sizeof *q);
+    float *q = scratch(2 * aligned(rows * width));
     if (!q) return 2;
-    float *attended = q + rows * width;
+    float *attended = q + aligned(rows * width);
     linear(gemm, gemv, x, rows, embed, q_weight, q_bias, width, q);
     int status = ((attention_t)attention)(q, rows, heads, head_dim, src_keys, src_keys_t, src_values,
                                           sentence_stride, head_stride, src_position_stride, src_padding,
@@ -126,7 +138,7 @@ int cross_attention_sublayer(const float *x, const float *residual, float *out, 
 int feed_forward_sublayer(const float *x, const float *residual, float *out, int64_t rows, int64_t embed,
                           int64_t hidden, const float *fc1_weight, const float *fc1_bias,
                           const float *fc2_weight, const float *fc2_bias, const void *gemm, const void *gemv) {
-    float *h = malloc(rows * hidden * sizeof *h);
+    float *h = scratch(rows * hidden);
     if (!h) return 2;
     linear(gemm, gemv, x, rows, embed, fc1_weight, fc1_bias, hidden, h);
     for (int64_t i = 0; i < rows * hidden; ++i) h[i] = h[i] < 0.0f ? 0.0f : h[i]; /* NaN stays NaN */
