@@ -13,8 +13,9 @@ What applies when:
   fairseq-train, ``python -m fairseq_cli.generate`` ...):
   ``install_for_command_line`` replaces fairseq's functions where they fail
   a user (checkpoints and overrides, the last batch, fairseq-generate's
-  shards and fairseq-interactive's refused, n-gram blocking, half precision on a CPU, fairseq-interactive's
-  lines, the printed text's token ids) and installs the
+  shards and fairseq-interactive's refused, n-gram blocking, half
+  precision on a CPU, fairseq-interactive's lines, the printed text's
+  token ids) and installs the
   command's one-line errors, help, signal handling and quiet warnings.
 - ``loading()``: the checkpoint checks around one load, undone after it
   (``fairseq_hardattn.from_pretrained``).

@@ -172,8 +172,8 @@ class Kernel:
     def __init__(self, library: str, name: str, parameters, returns):
         self.library, self.name, self.returns = library, name, returns
         self.parameters = tuple(parameters)
-        self._names = {name for name, _ in self.parameters}
         names = [name for name, _ in self.parameters]
+        self._names = set(names)
         # the arguments in the C order, as a tuple (itemgetter of one name returns the value)
         self._in_order = operator.itemgetter(*names) if len(names) > 1 else lambda a: (a[names[0]],)
         self._bound = self._function = None  # the library it was bound in, and its function
@@ -401,10 +401,15 @@ def step_attention(q: Tensor, scale: float, mode: int, k: int, out: Tensor,
         values=_address(values), ancestors=_address(ancestors), anc_stride=anc_stride, rows0=rows0,
         length=length, scale=scale, mode=mode, k=k, centres=centres, window=window, gaussian=gaussian,
         out=out.data_ptr())
+    _raise_for_status("step_attention", status)
+
+
+def _raise_for_status(name: str, status: int):
+    """The error of an attention kernel's status (step_attention.c's, the sublayers')."""
     if status == 2:
-        raise MemoryError("step_attention: could not allocate its scratch memory")
+        raise MemoryError(f"{name}: could not allocate its scratch memory")
     if status != 0:
-        raise ValueError(f"step_attention: k <= {STEP_MAX_K} and at least one position to attend")
+        raise ValueError(f"{name}: k <= {STEP_MAX_K} and at least one position to attend")
 
 
 def _source_arguments(source) -> Tuple[dict, tuple]:
@@ -481,22 +486,15 @@ def sublayer_functions() -> Optional[dict]:
     return dict(gemm=blas[0], gemv=blas[1], attention=ctypes.cast(attention, ctypes.c_void_p).value)
 
 
-def linear_product(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+def linear_product(x: Tensor, weight: Tensor, bias: Optional[Tensor], functions: dict) -> Tensor:
     """``F.linear(x, weight, bias)`` (x (rows, in), weight (out, in), float32,
-    contiguous) as the sublayer kernels compute it."""
-    functions = sublayer_functions()
+    contiguous) as the sublayer kernels compute it (``functions``:
+    ``sublayer_functions()``)."""
     y = x.new_empty(x.size(0), weight.size(0))
     LINEAR_PRODUCT(x=x.data_ptr(), rows=x.size(0), in_features=x.size(1), weight=weight.data_ptr(),
                    bias=_address(bias), out_features=weight.size(0), y=y.data_ptr(), gemm=functions["gemm"],
                    gemv=functions["gemv"])
     return y
-
-
-def _sublayer_status(name: str, status: int):
-    if status == 2:
-        raise MemoryError(f"{name}: could not allocate its scratch memory")
-    if status != 0:
-        raise ValueError(f"{name}: k <= {STEP_MAX_K} and at least one position to attend")
 
 
 def self_attention_sublayer(x: Tensor, residual: Tensor, weights: dict, heads: int, head_dim: int,
@@ -513,7 +511,7 @@ def self_attention_sublayer(x: Tensor, residual: Tensor, weights: dict, heads: i
         heads=heads, head_dim=head_dim, scale=scale, mode=mode, k=k, keys=keys.data_ptr(),
         values=values.data_ptr(), ancestors=ancestors.data_ptr(), anc_stride=ancestors.stride(0),
         rows0=keys.size(1), length=length, **functions)
-    _sublayer_status("self_attention_sublayer", status)
+    _raise_for_status("self_attention_sublayer", status)
     return out
 
 
@@ -527,7 +525,7 @@ def cross_attention_sublayer(x: Tensor, residual: Tensor, weights: dict, heads: 
     status = CROSS_ATTENTION_SUBLAYER(
         x=x.data_ptr(), residual=residual.data_ptr(), out=out.data_ptr(), rows=rows, embed=embed, **weights,
         heads=heads, head_dim=head_dim, scale=scale, mode=mode, k=k, **source_arguments, **functions)
-    _sublayer_status("cross_attention_sublayer", status)
+    _raise_for_status("cross_attention_sublayer", status)
     return out
 
 
@@ -538,7 +536,7 @@ def feed_forward_sublayer(x: Tensor, residual: Tensor, weights: dict, hidden: in
     status = FEED_FORWARD_SUBLAYER(x=x.data_ptr(), residual=residual.data_ptr(), out=out.data_ptr(), rows=rows,
                                    embed=embed, hidden=hidden, **weights, gemm=functions["gemm"],
                                    gemv=functions["gemv"])
-    _sublayer_status("feed_forward_sublayer", status)
+    _raise_for_status("feed_forward_sublayer", status)
     return out
 
 
