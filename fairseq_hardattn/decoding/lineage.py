@@ -159,11 +159,14 @@ def attend_window(module, q: Tensor, k: Tensor, v: Tensor, padding: Optional[Ten
 
 def _source_part(state: Dict[str, Tensor], key: str, value: str, padding: Optional[Tensor],
                  group: int, sentences: Optional[Tensor] = None):
-    """The kernel's source part of the encoder K/V cached in ``state``. The
-    keys' transposed copy is made on the first step and kept in ``state``
+    """The kernel's source part of the encoder K/V cached in ``state``. On
+    the first step the keys and values are made contiguous in ``state`` (as
+    projected they are time-major: a hypothesis's source positions lie a
+    batch apart, a cache miss each) and the keys' transposed copy is kept
     beside them (reordered with them, if they are)."""
     transposed = key + "_transposed"
     if transposed not in state:
+        state[key], state[value] = state[key].contiguous(), state[value].contiguous()
         state[transposed] = kernels.transposed_keys(state[key])
     return state[key], state[transposed], state[value], padding, group, sentences
 
