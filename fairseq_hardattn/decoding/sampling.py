@@ -15,17 +15,24 @@ Its draws are the calls fairseq's ``Sampling.step`` makes for a batch of
 that one sentence with the process's generator seeded so: the same
 samples as fairseq's wherever the probabilities are the same bits
 (``tests/unit/test_sampling.py``). A sentence's samples are therefore the
-same in any batch, chunk, worker or shard, and across runs.
+same in any batch, chunk, worker or shard, and across runs. With one sample
+a sentence and no nucleus (back-translation's ``--beam 1``), every draw is
+PyTorch's ``exponential_``, and the sentences' generators run in C, a step's
+draws one call (``kernels/sentence_draws.c``: PyTorch's generator and
+``exponential_`` as its CPU code makes them, checked once per process to
+give the same numbers bit for bit, else ``torch.Generator`` as above).
 
 As in fairseq, each of the N rows of a sentence is one sample from the
 first step to its end; a sample that has ended keeps its row (fairseq
 decodes it on, its output unused) until every sample of its sentence has.
 """
 
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor
+
+from .. import kernels
 
 # an odd 64-bit constant (2^64 / golden ratio): sentence seeds differ in their low 32 bits,
 # which are what a CPU generator's Mersenne Twister is seeded with
@@ -44,12 +51,18 @@ class SentenceDraws:
     0: among the smallest set whose probability reaches p)."""
 
     def __init__(self, seed: int, sentence_ids: List[int], beam: int, topk: int, topp: float):
-        self.generators = [torch.Generator().manual_seed(sentence_seed(seed, i)) for i in sentence_ids]
+        seeds = [sentence_seed(seed, i) for i in sentence_ids]
+        # one draw per sentence and step, each an exponential_: the generators in C
+        self.states = kernel_generators(seeds) if beam == 1 and topp <= 0 else None
+        self.generators = None if self.states is not None else [torch.Generator().manual_seed(s) for s in seeds]
         self.beam, self.topk, self.topp = beam, topk, topp
 
     def keep(self, kept: List[int]):
         """Only the sentences ``kept`` (positions in the batch) go on."""
-        self.generators = [self.generators[i] for i in kept]
+        if self.states is not None:
+            self.states = self.states[torch.tensor(kept, dtype=torch.long)]
+        else:
+            self.generators = [self.generators[i] for i in kept]
 
     def step(self, step: int, lprobs: Tensor, truncated: Optional[Tensor] = None
              ) -> Tuple[Tensor, Tensor]:
@@ -58,7 +71,7 @@ class SentenceDraws:
         starts from the sentence's one row). ``lprobs``: the log-probabilities
         (sentences x rows, vocabulary), or with ``truncated`` (the k best
         tokens of each row, descending) their values (``sampling_topk``)."""
-        sentences = len(self.generators)
+        sentences = len(self.generators) if self.states is None else self.states.size(0)
         rows = 1 if step == 0 else self.beam
         lprobs = lprobs.view(sentences, rows, -1)
         if self.topp > 0:
@@ -70,7 +83,7 @@ class SentenceDraws:
             probs = values.exp_()
         else:
             probs, tokens = lprobs.exp(), None
-        if step > 0 and self.topp <= 0:
+        if (step > 0 or self.states is not None) and self.topp <= 0:  # (one draw: multinomial's own way)
             drawn = self._one_each(probs)
         else:
             drawn = torch.empty(sentences, self.beam, dtype=torch.long)
@@ -97,8 +110,11 @@ class SentenceDraws:
         quotients and the same first maximum), drawn per sentence into one
         tensor so that the rest is one operation for the batch."""
         q = torch.empty_like(probs, memory_format=torch.contiguous_format)
-        for sentence, generator in zip(q.unbind(0), self.generators):  # (unbind: one call for every view)
-            sentence.exponential_(generator=generator)
+        if self.states is not None:
+            kernels.exponential_draws(self.states, q)
+        else:
+            for sentence, generator in zip(q.unbind(0), self.generators):  # (unbind: one call for every view)
+                sentence.exponential_(generator=generator)
         return torch.div(probs, q, out=q).argmax(dim=2)
 
     def _nucleus(self, lprobs: Tensor) -> Tuple[Tensor, Tensor]:
@@ -113,3 +129,34 @@ class SentenceDraws:
         inside = inside.scatter_(2, last, True)
         self._widths = (last.amax(dim=(1, 2)) + 1).tolist()
         return sorted_probs.masked_fill_(~inside, 0), sorted_tokens
+
+
+_checked: Dict[str, bool] = {}
+
+
+def kernel_generators(seeds: List[int]) -> Optional[Tensor]:
+    """The generators seeded with ``seeds`` in C (``kernels.sentence_generators``),
+    or None: no kernel, or its draws are not this PyTorch's."""
+    if kernels.SEED_GENERATORS.function() is None:
+        return None
+    if "draws" not in _checked:
+        _checked["draws"] = _kernel_draws_are_torchs()
+    return kernels.sentence_generators(seeds) if _checked["draws"] else None
+
+
+def _kernel_draws_are_torchs() -> bool:
+    """Whether the C generators draw what ``exponential_`` draws from
+    ``torch.Generator`` with the same seeds, bit for bit: seeds below and
+    above 32 bits, float32 and float64, short calls and one past a renewal
+    of the generator's state."""
+    seeds = [0, 7, sentence_seed(1, 3), (1 << 64) - 1]
+    for dtype in (torch.float32, torch.float64):
+        states = kernels.sentence_generators(seeds)
+        generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+        for per in (3, 1000):
+            drawn = torch.empty(len(seeds), per, dtype=dtype)
+            kernels.exponential_draws(states, drawn)
+            theirs = [torch.empty(per, dtype=dtype).exponential_(generator=g) for g in generators]
+            if not torch.equal(drawn, torch.stack(theirs)):
+                return False
+    return True

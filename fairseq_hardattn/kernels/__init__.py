@@ -3,10 +3,10 @@ compiler and loaded with ctypes (no torch headers to compile, so a build
 takes well under a second; no build step at install time): flexible
 attention's band (``flexible_band.c``), the plugin's search's candidates
 (``beam_candidates.c``), attention steps over keys read in place: the
-encoder's, and lineage caches (``step_attention.c``), and a decoder
-layer's sublayers as one call each (``decoder_sublayers.c``: its products
-through the BLAS functions of PyTorch's own library, found by
-``torch_blas``).
+encoder's, and lineage caches (``step_attention.c``), a decoder layer's
+sublayers as one call each (``decoder_sublayers.c``: its products through
+the BLAS functions of PyTorch's own library, found by ``torch_blas``), and
+sampling's draws, a generator per sentence (``sentence_draws.c``).
 
 A build is cached under ``$FAIRSEQ_HARDATTN_KERNEL_DIR`` (default
 ``~/.cache/fairseq_hardattn/kernels``), keyed by the source, the compiler,
@@ -268,8 +268,13 @@ LINEAR_PRODUCT = Kernel("decoder_sublayers", "linear_product", [
     ("x", _ptr), ("rows", _i64), ("in_features", _i64), ("weight", _ptr), ("bias", _ptr), ("out_features", _i64),
     ("y", _ptr)]
     + _BLAS, None)
+SEED_GENERATORS = Kernel("sentence_draws", "seed_generators", [("seeds", _ptr), ("n", _i64), ("states", _ptr)],
+                         None)
+EXPONENTIAL_DRAWS = Kernel("sentence_draws", "exponential_draws", [
+    ("states", _ptr), ("n", _i64), ("per", _i64), ("single", _int), ("out", _ptr)], None)
 KERNELS = (FLEXIBLE_BAND, BEAM_CANDIDATES, ENSEMBLE_LOG_PROBS, STEP_ATTENTION, STEP_ATTENTION_THREADS,
-           SELF_ATTENTION_SUBLAYER, CROSS_ATTENTION_SUBLAYER, FEED_FORWARD_SUBLAYER, LINEAR_PRODUCT)
+           SELF_ATTENTION_SUBLAYER, CROSS_ATTENTION_SUBLAYER, FEED_FORWARD_SUBLAYER, LINEAR_PRODUCT,
+           SEED_GENERATORS, EXPONENTIAL_DRAWS)
 
 
 def flexible_band_function():
@@ -340,6 +345,32 @@ def beam_candidates(logits: Tensor, special_columns: Tensor, special_adds: Tenso
         cols=special_columns.data_ptr(), adds=special_adds.data_ptr(), nspecial=special_columns.numel(),
         k=k, top_vals=top_vals.data_ptr(), top_idx=top_idx.data_ptr(), lse=lse.data_ptr())
     return top_vals, top_idx, lse
+
+
+GENERATOR_STATE_WORDS = 626  # sentence_draws.c's STATE_WORDS
+
+
+def sentence_generators(seeds) -> Optional[Tensor]:
+    """(see sentence_draws.c) a generator's state per seed, (len(seeds),
+    GENERATOR_STATE_WORDS) int32, seeded as ``torch.Generator().manual_seed``
+    seeds one; None without the kernel."""
+    if SEED_GENERATORS.function() is None:
+        return None
+    low_bits = torch.tensor([int(seed) & 0xFFFFFFFF for seed in seeds], dtype=torch.int64)
+    states = torch.empty(len(low_bits), GENERATOR_STATE_WORDS, dtype=torch.int32)
+    SEED_GENERATORS(seeds=low_bits.data_ptr(), n=len(low_bits), states=states.data_ptr())
+    return states
+
+
+def exponential_draws(states: Tensor, out: Tensor):
+    """Row i of ``out`` (n rows; float32 or float64, contiguous) filled as
+    ``out[i].exponential_(generator=i's)`` fills it, from the states of
+    ``sentence_generators`` (n, contiguous), which move on."""
+    if out.dtype not in (torch.float32, torch.float64) or not out.is_contiguous() or not states.is_contiguous():
+        raise ValueError("exponential_draws: contiguous float32 or float64 draws, contiguous states")
+    n = states.size(0)
+    EXPONENTIAL_DRAWS(states=states.data_ptr(), n=n, per=out.numel() // max(n, 1),
+                      single=int(out.dtype == torch.float32), out=out.data_ptr())
 
 
 def ensemble_log_probs_function():

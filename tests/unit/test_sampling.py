@@ -14,6 +14,8 @@ from fairseq.sequence_generator import SequenceGenerator
 
 import fairseq_hardattn
 from fairseq_hardattn.decoding import PluginBeamSearch, generator_class
+from fairseq_hardattn import kernels
+from fairseq_hardattn.decoding import sampling
 from fairseq_hardattn.decoding.sampling import SentenceDraws, sentence_seed
 
 from conftest import assert_same_hypotheses, build_model, make_dictionary, random_batch, sample_of
@@ -135,6 +137,43 @@ def test_a_sentences_samples_do_not_depend_on_its_batch():
     with torch.no_grad():
         assert ([h["tokens"].tolist() for s in other.generate([model], sample) for h in s]
                 != [h["tokens"].tolist() for s in whole for h in s])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_c_generators_draw_what_torchs_generators_draw(dtype):
+    """``exponential_`` from ``torch.Generator().manual_seed(s)``, bit for
+    bit, for 64-bit seeds, over calls of every size (the state renewed every
+    312 draws), the states moving on from call to call."""
+    seeds = [sentence_seed(SEED, i) for i in range(5)] + [0, (1 << 64) - 1]
+    states = kernels.sentence_generators(seeds)
+    if states is None:
+        pytest.skip("no C compiler for the kernels")
+    generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+    for per in (1, 10, 311, 2000):
+        ours = torch.empty(len(seeds), per, dtype=dtype)
+        kernels.exponential_draws(states, ours)
+        theirs = torch.stack([torch.empty(per, dtype=dtype).exponential_(generator=g) for g in generators])
+        assert torch.equal(ours, theirs), per
+
+
+def test_one_sample_a_sentence_runs_its_generators_in_c_and_falls_back_where_they_differ(monkeypatch):
+    """Beam 1 without a nucleus draws with the C generators (fairseq's
+    samples: the tests above); where this PyTorch's draws were not theirs,
+    ``torch.Generator`` draws, with the same samples."""
+    if kernels.sentence_generators([1]) is None:
+        pytest.skip("no C compiler for the kernels")
+    assert SentenceDraws(SEED, [3, 4], 1, 10, -1.0).states is not None
+    assert SentenceDraws(SEED, [3, 4], 3, 10, -1.0).states is None
+    assert SentenceDraws(SEED, [3, 4], 1, -1, 0.6).states is None
+    d = make_dictionary(40)
+    model = spread_model("transformer_soft_small", d)
+    sample = sample_of(d)
+    in_c = plugin_samples(model, d, sample, 1, topk=8, max_len_b=10)
+    drawn = kernels.exponential_draws
+    monkeypatch.setattr(kernels, "exponential_draws", lambda states, out: (drawn(states, out), out.mul_(1.5)))
+    monkeypatch.setattr(sampling, "_checked", {})
+    assert sampling.kernel_generators([1]) is None and SentenceDraws(SEED, [3], 1, 10, -1.0).states is None
+    assert_same_hypotheses(plugin_samples(model, d, sample, 1, topk=8, max_len_b=10), in_c)
 
 
 def chi_square_p_value(observed: torch.Tensor, expected: torch.Tensor) -> float:
