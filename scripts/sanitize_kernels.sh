@@ -28,7 +28,7 @@ export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 # half of make test's randomized differential slice: its shapes drive the kernels, in a single process
 export FAIRSEQ_HARDATTN_DIFF_CASES=${FAIRSEQ_HARDATTN_DIFF_CASES:-300}
-tests=(tests/unit/test_beam_search.py tests/unit/test_direct_step.py tests/command_line/test_decoding_workers.py tests/unit/test_flexible_and_local.py
+tests=(tests/unit/test_beam_search.py tests/unit/test_direct_step.py tests/unit/test_sampling.py tests/command_line/test_decoding_workers.py tests/unit/test_flexible_and_local.py
        tests/unit/test_fairseq_transformers.py)
 [ -f tests/unit/test_differential.py ] && tests+=(tests/unit/test_differential.py)
 # GCC 12's AddressSanitizer does not lock its allocator across fork(): a
@@ -37,7 +37,7 @@ tests=(tests/unit/test_beam_search.py tests/unit/test_direct_step.py tests/comma
 # The tests that fork beside running threads are left to `make test`.
 LD_PRELOAD="$asan $ubsan" "$PY" -m pytest -q -p no:cacheprovider -m "not forks_beside_threads" "${tests[@]}" "$@"
 # every kernel was built with the sanitizers (and so ran under them)
-for kernel in beam_candidates step_attention flexible_band decoder_sublayers; do
+for kernel in beam_candidates step_attention flexible_band decoder_sublayers sentence_draws; do
   ls "$cache"/"$kernel"-*.so > /dev/null 2>&1 || { echo "sanitize_kernels.sh: $kernel was never built" >&2; exit 1; }
 done
 echo "sanitize_kernels.sh: no finding in the kernels under ASan and UBSan"
