@@ -326,12 +326,13 @@ class PluginBeamSearch(ParallelBatches, SequenceGenerator):
         hyp_scores = torch.empty(len(row), step + 1, device=row.device)
         hyp_tokens[:, step] = self.eos
         hyp_scores[:, step] = eos_scores
-        at = row
-        for s in range(step - 1, -1, -1):
-            hyp_tokens[:, s] = step_tokens[s, at]
-            hyp_scores[:, s] = step_scores[s, at]
-            at = step_parents[s, at]
-        hyp_scores[:, 1:] = hyp_scores[:, 1:] - hyp_scores[:, :-1].clone()
+        if not kernels.read_back(step_tokens, step_scores, step_parents, row, step, hyp_tokens, hyp_scores):
+            at = row
+            for s in range(step - 1, -1, -1):
+                hyp_tokens[:, s] = step_tokens[s, at]
+                hyp_scores[:, s] = step_scores[s, at]
+                at = step_parents[s, at]
+            hyp_scores[:, 1:] = hyp_scores[:, 1:] - hyp_scores[:, :-1].clone()
         if self.normalize_scores:
             eos_scores = eos_scores / (step + 1) ** self.len_penalty
         newly_finished = []

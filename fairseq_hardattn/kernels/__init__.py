@@ -238,6 +238,9 @@ BEAM_CANDIDATES = Kernel("beam_candidates", "beam_candidates", [
 ENSEMBLE_LOG_PROBS = Kernel("beam_candidates", "ensemble_log_probs", [
     ("logits", _ptr), ("strides", _ptr), ("models", _i64), ("rows", _i64), ("vocab", _i64),
     ("out", _ptr)], _int)
+READ_BACK = Kernel("beam_candidates", "read_back", [
+    ("step_tokens", _ptr), ("step_scores", _ptr), ("step_parents", _ptr), ("stride", _i64), ("rows", _ptr),
+    ("n", _i64), ("step", _i64), ("tokens", _ptr), ("scores", _ptr)], None)
 STEP_ATTENTION = Kernel("step_attention", "step_attention", [
     ("q", _ptr), ("rows", _i64), ("heads", _i64), ("dim", _i64), ("src_keys", _ptr), ("src_keys_t", _ptr),
     ("src_values", _ptr), ("sentence_stride", _i64), ("head_stride", _i64), ("src_position_stride", _i64),
@@ -272,7 +275,7 @@ SEED_GENERATORS = Kernel("sentence_draws", "seed_generators", [("seeds", _ptr), 
                          None)
 EXPONENTIAL_DRAWS = Kernel("sentence_draws", "exponential_draws", [
     ("states", _ptr), ("n", _i64), ("per", _i64), ("single", _int), ("out", _ptr)], None)
-KERNELS = (FLEXIBLE_BAND, BEAM_CANDIDATES, ENSEMBLE_LOG_PROBS, STEP_ATTENTION, STEP_ATTENTION_THREADS,
+KERNELS = (FLEXIBLE_BAND, BEAM_CANDIDATES, ENSEMBLE_LOG_PROBS, READ_BACK, STEP_ATTENTION, STEP_ATTENTION_THREADS,
            SELF_ATTENTION_SUBLAYER, CROSS_ATTENTION_SUBLAYER, FEED_FORWARD_SUBLAYER, LINEAR_PRODUCT,
            SEED_GENERATORS, EXPONENTIAL_DRAWS)
 
@@ -371,6 +374,24 @@ def exponential_draws(states: Tensor, out: Tensor):
     n = states.size(0)
     EXPONENTIAL_DRAWS(states=states.data_ptr(), n=n, per=out.numel() // max(n, 1),
                       single=int(out.dtype == torch.float32), out=out.data_ptr())
+
+
+def read_back(step_tokens: Tensor, step_scores: Tensor, step_parents: Tensor, rows: Tensor, step: int,
+              tokens: Tensor, scores: Tensor) -> bool:
+    """(see beam_candidates.c) positions 0..step-1 of ``tokens`` (n, step + 1)
+    int64 and of ``scores`` (n, step + 1) float32, the latter's position
+    ``step`` already the final score, for the hypotheses continuing ``rows``
+    (n,) int64; False where the kernel does not apply (not CPU, float32 and
+    contiguous, or no kernel) and nothing was written."""
+    buffers = (step_tokens, step_scores, step_parents, rows, tokens, scores)
+    if (any(b.device.type != "cpu" or not b.is_contiguous() for b in buffers)
+            or step_scores.dtype != torch.float32 or scores.dtype != torch.float32
+            or READ_BACK.function() is None):
+        return False
+    READ_BACK(step_tokens=step_tokens.data_ptr(), step_scores=step_scores.data_ptr(),
+              step_parents=step_parents.data_ptr(), stride=step_tokens.stride(0), rows=rows.data_ptr(),
+              n=rows.numel(), step=step, tokens=tokens.data_ptr(), scores=scores.data_ptr())
+    return True
 
 
 def ensemble_log_probs_function():

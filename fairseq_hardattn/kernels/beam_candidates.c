@@ -14,6 +14,10 @@
  * Ties keep the lower token index first. Rows are independent (no scratch
  * memory), split over the caller's OpenMP threads (parallel_rows.h); the
  * caller guarantees 1 <= K <= vocab.
+ *
+ * Also the search's other per-step passes: an ensemble's log-probabilities
+ * (ensemble_log_probs), and each finished hypothesis read back along the
+ * back-pointers (read_back).
  */
 #include <math.h>
 #include <stdint.h>
@@ -232,4 +236,27 @@ int ensemble_log_probs(const int64_t *logits, const int64_t *strides, int64_t mo
     }
 #endif
     return 0;
+}
+
+/* Finished hypotheses read back along the search's back-pointers: the
+ * search records, per step s and row, the token chosen, the cumulative score
+ * and the row of step s - 1 it continues (step_tokens, step_scores,
+ * step_parents: (steps, stride)). Hypothesis i continues row rows[i] of step
+ * `step` - 1 and ends at `step` (its EOS and final score, set by the caller);
+ * positions 0..step-1 of its tokens and positional scores (n x (step + 1),
+ * each score its cumulative score less the one before) are written here. */
+void read_back(const int64_t *step_tokens, const float *step_scores, const int64_t *step_parents,
+               int64_t stride, const int64_t *rows, int64_t n, int64_t step, int64_t *tokens, float *scores) {
+    const int64_t width = step + 1;
+    for (int64_t i = 0; i < n; ++i) {
+        int64_t *t = tokens + i * width;
+        float *c = scores + i * width;
+        int64_t at = rows[i];
+        for (int64_t s = step - 1; s >= 0; --s) {
+            t[s] = step_tokens[s * stride + at];
+            c[s] = step_scores[s * stride + at];
+            at = step_parents[s * stride + at];
+        }
+        for (int64_t s = step; s >= 1; --s) c[s] -= c[s - 1];
+    }
 }

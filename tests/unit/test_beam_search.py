@@ -344,6 +344,32 @@ def test_the_candidates_kernel_keeps_the_lower_token_first_among_equal_logits(vo
     assert torch.equal(top, expected[:, :k]) and torch.equal(tokens, order[:, :k])
 
 
+@pytest.mark.parametrize("step", [0, 1, 9])
+def test_finished_hypotheses_are_read_back_along_the_pointers(step):
+    """read_back (beam_candidates.c): each hypothesis's tokens and
+    positional scores, followed back from its row through the steps'
+    back-pointers, bit for bit as PyTorch's indexing reads them."""
+    g = torch.Generator().manual_seed(step)
+    steps, rows = 12, 6  # (the histories' capacity beyond the steps read)
+    step_tokens = torch.randint(0, 50, (steps, rows), generator=g)
+    step_scores = torch.randn(steps, rows, generator=g).cumsum(0)
+    step_parents = torch.randint(0, rows, (steps, rows), generator=g)
+    ending = torch.tensor([4, 0, 4, 5])
+    tokens = torch.full((len(ending), step + 1), 2, dtype=torch.long)
+    scores = torch.zeros(len(ending), step + 1)
+    scores[:, step] = torch.randn(len(ending), generator=g) - 20
+    expected_tokens, expected_scores = tokens.clone(), scores.clone()
+    at = ending
+    for s in range(step - 1, -1, -1):
+        expected_tokens[:, s], expected_scores[:, s] = step_tokens[s, at], step_scores[s, at]
+        at = step_parents[s, at]
+    expected_scores[:, 1:] = expected_scores[:, 1:] - expected_scores[:, :-1].clone()
+    assert kernels.read_back(step_tokens, step_scores, step_parents, ending, step, tokens, scores)
+    assert torch.equal(tokens, expected_tokens) and torch.equal(scores, expected_scores)
+    assert not kernels.read_back(step_tokens, step_scores.double(), step_parents, ending, step, tokens,
+                                 scores.double())
+
+
 @pytest.mark.parametrize("dim", [8, 32, 64])  # (32 and 64: the kernel's instances for those head sizes)
 @pytest.mark.parametrize("parts", ["lineage", "source", "both"])
 @pytest.mark.parametrize("mode", ["soft", "hard", "topk"])
