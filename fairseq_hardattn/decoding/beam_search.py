@@ -160,27 +160,20 @@ class PluginBeamSearch(ParallelBatches, SequenceGenerator):
             # output is never read, so it reads EOS there instead
             prefix = last.masked_fill(last.eq(self.pad), self.eos).unsqueeze(1).expand(-1, step + 1)
             one_row = one_per_sentence and step == 0
-            if len(steps) == 1:
-                logits = steps[0](prefix, one_row)
-                if self.temperature != 1.0:
-                    logits = logits / self.temperature
-                logits = logits.float()
-            else:  # fairseq's ensemble: the mean of the models' probabilities, not renormalised
-                each = [step_logits(prefix, one_row).float() for step_logits in steps]
-                if self.temperature != 1.0:
-                    each = [x / self.temperature for x in each]
-                if kernels.can_run_ensemble_log_probs(each):
-                    logits = kernels.ensemble_log_probs(each)
-                else:
-                    logits = torch.logsumexp(torch.stack([torch.log_softmax(x, dim=-1) for x in each]),
-                                             dim=0) - math.log(len(steps))
-                    logits[logits != logits] = -math.inf  # fairseq's NaN check
             forcing = prefix_tokens is not None and step < prefix_tokens.size(1) and step < max_len
-            if (step < max_len and not forcing and self.repeat_ngram_blocker is None and candidates
-                    and kernels.can_run_beam_candidates(logits)):
+            # only each row's candidates and normaliser are read: the C kernel's step
+            kernel_step = step < max_len and not forcing and self.repeat_ngram_blocker is None and candidates
+            # the C kernel's step a block of rows at a time: the logits never all held
+            in_blocks = kernel_step and len(steps) == 1 and steps[0].in_row_blocks(prefix)
+            logits = None if in_blocks else self._logits(steps, prefix, one_row)
+            if in_blocks or (kernel_step and kernels.can_run_beam_candidates(logits)):
                 # one C call: the normaliser and the candidates, the special columns adjusted
                 special, adds = self._kernel_columns(pad, unk, eos)[step < self.min_len]
-                top, top_tokens, normaliser = kernels.beam_candidates(logits, special, adds, candidates)
+                if in_blocks:
+                    top, top_tokens, normaliser = steps[0].candidates(prefix, one_row, self.temperature,
+                                                                      special, adds, candidates)
+                else:
+                    top, top_tokens, normaliser = kernels.beam_candidates(logits, special, adds, candidates)
             else:
                 normaliser = torch.logsumexp(logits, dim=1, keepdim=True)
                 # the special columns, on the logits (the normaliser already has them)
@@ -288,6 +281,25 @@ class PluginBeamSearch(ParallelBatches, SequenceGenerator):
                 by_score = torch.tensor([float(h["score"].item()) for h in sentence])
                 sentence[:] = [sentence[i] for i in torch.sort(by_score, descending=True)[1]]
         return finalized
+
+    def _logits(self, steps: List["StepLogits"], prefix: Tensor, one_row: bool) -> Tensor:
+        """The step's float32 logits (rows, vocabulary), at the search's
+        temperature: one model's, or an ensemble's log-probabilities (the mean
+        of its models' probabilities, not renormalised, as fairseq's)."""
+        if len(steps) == 1:
+            logits = steps[0](prefix, one_row)
+            if self.temperature != 1.0:
+                logits = logits / self.temperature
+            return logits.float()
+        each = [step_logits(prefix, one_row).float() for step_logits in steps]
+        if self.temperature != 1.0:
+            each = [x / self.temperature for x in each]
+        if kernels.can_run_ensemble_log_probs(each):
+            return kernels.ensemble_log_probs(each)
+        logits = torch.logsumexp(torch.stack([torch.log_softmax(x, dim=-1) for x in each]),
+                                 dim=0) - math.log(len(steps))
+        logits[logits != logits] = -math.inf  # fairseq's NaN check
+        return logits
 
     def _special_columns_of(self, columns: Optional[Tensor]):
         """The logits' columns of pad, unk and EOS: their ids, or with a
@@ -436,6 +448,38 @@ class StepLogits:
             self.direct = None
         return self.decoder(prefix, encoder_out=encoder_out, incremental_state=self.incremental_state,
                             features_only=True)[0][:, -1, :]
+
+    # rows of logits made at a time where only each row's candidates are read
+    CANDIDATE_ROWS = 256
+
+    def in_row_blocks(self, prefix: Tensor) -> bool:
+        """Whether ``candidates`` can make the step's logits a block of rows
+        at a time: oneDNN's packed output projection, whose rows are the same
+        bits in any block (as its few shapes assume), on a CPU."""
+        return (not prefix.is_cuda and self.shortlisted is None
+                and getattr(self.decoder, "adaptive_softmax", None) is None
+                and getattr(self.decoder, "output_projection", None) in self.packed_layers
+                and kernels.beam_candidates_function() is not None)
+
+    def candidates(self, prefix, one_per_sentence: bool, temperature: float, special: Tensor, adds: Tensor,
+                   k: int):
+        """``kernels.beam_candidates`` of the step's logits (at ``temperature``),
+        made and read ``CANDIDATE_ROWS`` rows at a time: a batch's logits would
+        be its rows times the vocabulary (a hundred MB and more at beam 4),
+        allocated anew on every step and read back from memory; a block's
+        stay in the caches."""
+        encoder_out = self.sentence_encoder_out if one_per_sentence else self.encoder_out
+        features = self.features(prefix, encoder_out).contiguous()
+        rows = features.size(0)
+        out = features.new_empty(rows, k), torch.empty(rows, k, dtype=torch.int64), features.new_empty(rows, 1)
+        projection = self.decoder.output_projection
+        for start in range(0, rows, self.CANDIDATE_ROWS):
+            end = min(start + self.CANDIDATE_ROWS, rows)
+            logits = projection(features[start:end])
+            if temperature != 1.0:
+                logits = logits / temperature
+            kernels.beam_candidates(logits, special, adds, k, out=tuple(t[start:end] for t in out))
+        return out
 
     def __call__(self, prefix, one_per_sentence: bool) -> Tensor:
         decoder, incremental_state = self.decoder, self.incremental_state

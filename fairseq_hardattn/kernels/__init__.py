@@ -333,16 +333,17 @@ def can_run_beam_candidates(logits: Tensor) -> bool:
             and beam_candidates_function() is not None)
 
 
-def beam_candidates(logits: Tensor, special_columns: Tensor, special_adds: Tensor,
-                    k: int) -> Tuple[Tensor, Tensor, Tensor]:
+def beam_candidates(logits: Tensor, special_columns: Tensor, special_adds: Tensor, k: int,
+                    out: Optional[Tuple[Tensor, Tensor, Tensor]] = None) -> Tuple[Tensor, Tensor, Tensor]:
     """(see beam_candidates.c) logits (rows, vocab) float32; special_columns
     (S,) int64 and special_adds (S,) float32 (NaN: never chosen). Returns the
     best ``k`` adjusted values and their tokens (rows, k), descending, and
-    each row's log-normaliser of the raw logits (rows, 1)."""
+    each row's log-normaliser of the raw logits (rows, 1); into ``out``
+    (three such tensors, contiguous) where given."""
     rows, vocab = logits.shape
-    top_vals = logits.new_empty(rows, k)
-    top_idx = torch.empty(rows, k, dtype=torch.int64)
-    lse = logits.new_empty(rows, 1)
+    if out is None:
+        out = logits.new_empty(rows, k), torch.empty(rows, k, dtype=torch.int64), logits.new_empty(rows, 1)
+    top_vals, top_idx, lse = out
     BEAM_CANDIDATES(
         logits=logits.data_ptr(), rows=rows, vocab=vocab, stride=logits.stride(0),
         cols=special_columns.data_ptr(), adds=special_adds.data_ptr(), nspecial=special_columns.numel(),

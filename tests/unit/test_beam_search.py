@@ -101,6 +101,36 @@ def test_every_architecture_decodes_fairseqs_hypotheses_with_onednn_linears(arch
                                       beam_size=4, max_len_b=12)[0])
 
 
+@pytest.mark.skipif(not packed_linear.onednn_linear_available(), reason="PyTorch without oneDNN")
+@pytest.mark.parametrize("options", [dict(beam_size=4), dict(beam_size=1, temperature=0.7),
+                                     dict(beam_size=1, search_strategy="topk")], ids=["beam", "greedy", "sampled"])
+def test_a_packed_output_projections_candidates_a_block_of_rows_at_a_time_are_all_rows_at_once(options,
+                                                                                               monkeypatch):
+    """With oneDNN's packed output projection the step's logits are made and
+    read a block of rows at a time: the same hypotheses and scores, bit for
+    bit, as from the logits of every row at once."""
+    monkeypatch.setattr(packed_linear, "MIN_PACKED_WEIGHT", 1)
+    monkeypatch.setattr(beam_search.StepLogits, "CANDIDATE_ROWS", 5)  # (24 rows: blocks of 5, then 4)
+    d = make_dictionary(40)
+    model = decisive_model("transformer_soft_small", d).float()
+    sample = sample_of(d)
+    if options.get("search_strategy") == "topk":
+        options = dict(options, search_strategy=search.Sampling(d, 8))
+    blocks = []
+    made = beam_search.StepLogits.candidates
+    monkeypatch.setattr(beam_search.StepLogits, "candidates",
+                        lambda step, prefix, *rest: blocks.append(prefix.size(0)) or made(step, prefix, *rest))
+    with torch.no_grad():
+        in_blocks = PluginBeamSearch([model], d, max_len_b=12, seed=3, **options).generate([model], sample)
+        monkeypatch.setattr(beam_search.StepLogits, "in_row_blocks", lambda step, prefix: False)
+        at_once = PluginBeamSearch([model], d, max_len_b=12, seed=3, **options).generate([model], sample)
+    assert max(blocks) > 5
+    for mine, theirs in zip(in_blocks, at_once):
+        for a, b in zip(mine, theirs):
+            assert torch.equal(a["tokens"], b["tokens"]) and torch.equal(a["score"], b["score"])
+            assert torch.equal(a["positional_scores"], b["positional_scores"])
+
+
 @pytest.mark.parametrize("packed", [False, True], ids=["mm output projection", "onednn linears"])
 def test_a_generator_sees_weights_updated_through_data_between_calls(packed, monkeypatch):
     """--eval-bleu's generator lives through training, and fairseq's
