@@ -161,9 +161,9 @@ class PluginBeamSearch(ParallelBatches, SequenceGenerator):
             prefix = last.masked_fill(last.eq(self.pad), self.eos).unsqueeze(1).expand(-1, step + 1)
             one_row = one_per_sentence and step == 0
             forcing = prefix_tokens is not None and step < prefix_tokens.size(1) and step < max_len
-            # only each row's candidates and normaliser are read: the C kernel's step
+            # where only each row's candidates and normaliser are read: the C kernel,
+            # with a packed output projection a block of rows at a time
             kernel_step = step < max_len and not forcing and self.repeat_ngram_blocker is None and candidates
-            # the C kernel's step a block of rows at a time: the logits never all held
             in_blocks = kernel_step and len(steps) == 1 and steps[0].in_row_blocks(prefix)
             logits = None if in_blocks else self._logits(steps, prefix, one_row)
             if in_blocks or (kernel_step and kernels.can_run_beam_candidates(logits)):
