@@ -61,10 +61,13 @@ for batch in args["batches"]:
 """
 
 # the search's parts, timed around their calls: (module, class or None, function, part)
+# the step with the output projection and the candidates kernel, a block of rows at a time
+BLOCKS = "step, projection, candidates (row blocks)"
 PARTS = (
     ("decoding.beam_search", "PluginBeamSearch", "_generate", "whole search"),
     ("decoding.beam_search", "StepLogits", "start", "encoder"),
     ("decoding.beam_search", "StepLogits", "__call__", "decoder step with the output projection"),
+    ("decoding.beam_search", "StepLogits", "candidates", BLOCKS),
     ("decoding.beam_search", "StepLogits", "features", "decoder step"),
     ("decoding.direct_step", None, "_self_attention", "self-attention sublayers (4 products, kernel)"),
     ("decoding.direct_step", None, "_cross_attention", "cross-attention sublayers (2 products, kernel)"),
@@ -152,15 +155,17 @@ def timed_parts():
 
     seconds, calls = collections.Counter(), collections.Counter()
     rows, began_at = [], []  # each step's rows, and when it began (None: a batch's first step)
-    step = beam_search.StepLogits.__call__
 
-    @functools.wraps(step)
-    def counted(self, prefix, one_per_sentence):
-        rows.append(prefix.size(0))
-        began_at.append(time.perf_counter() if prefix.size(1) > 1 else None)  # (size 1: step 0)
-        return step(self, prefix, one_per_sentence)
+    def counted(step):  # (a step makes its logits, or its candidates a block of rows at a time)
+        @functools.wraps(step)
+        def wrapper(self, prefix, one_per_sentence, *rest):
+            rows.append(prefix.size(0))
+            began_at.append(time.perf_counter() if prefix.size(1) > 1 else None)  # (size 1: step 0)
+            return step(self, prefix, one_per_sentence, *rest)
+        return wrapper
 
-    beam_search.StepLogits.__call__ = counted
+    for name in ("__call__", "candidates"):
+        setattr(beam_search.StepLogits, name, counted(getattr(beam_search.StepLogits, name)))
 
     def timed(owner, name, part):
         function = getattr(owner, name)
@@ -231,7 +236,10 @@ def main(argv=None):
             best = (collections.Counter(seconds), collections.Counter(calls), list(rows), list(began_at), ours)
     seconds, calls, rows, began_at, ours = best
     whole = seconds["whole search"]
-    seconds["output projection"] = seconds["decoder step with the output projection"] - seconds["decoder step"]
+    # (where the candidates come a block of rows at a time, the candidates kernel runs inside those calls)
+    inside = seconds["candidates kernel (normaliser, top k)"] if seconds[BLOCKS] else 0.0
+    seconds["output projection"] = (seconds["decoder step with the output projection"] + seconds[BLOCKS]
+                                    - seconds["decoder step"] - inside)
     sentences = len(ours)
     tokens = sum(len(t.split()) + 1 for t in ours.values())
 
