@@ -37,7 +37,7 @@ tests=(tests/unit/test_beam_search.py tests/unit/test_direct_step.py tests/unit/
 # The tests that fork beside running threads are left to `make test`.
 LD_PRELOAD="$asan $ubsan" "$PY" -m pytest -q -p no:cacheprovider -m "not forks_beside_threads" "${tests[@]}" "$@"
 # every kernel was built with the sanitizers (and so ran under them)
-for kernel in beam_candidates step_attention flexible_band decoder_sublayers sentence_draws; do
+for kernel in beam_candidates step_attention flexible_band decoder_sublayers layer_norm sentence_draws; do
   ls "$cache"/"$kernel"-*.so > /dev/null 2>&1 || { echo "sanitize_kernels.sh: $kernel was never built" >&2; exit 1; }
 done
 echo "sanitize_kernels.sh: no finding in the kernels under ASan and UBSan"

@@ -19,6 +19,10 @@ the BLAS calls PyTorch's Linear makes, through PyTorch's own BLAS, and the
 same attention kernel, so the same bits, checked once per weight shape in
 the process (``_gives_torchs_bits``); the layer norms stay PyTorch's. A
 step of one hypothesis then makes a dozen calls where it made a hundred.
+Where every sublayer is so and every layer norm's rows ``layer_norm.c``
+computes with PyTorch's bits (``kernels.layer_norm_variant``), the layers
+and the norms between them are one call (``kernels.decoder_step``,
+``_NativeLayers``): the same operations, so the same bits again.
 
 It runs steps after the first of a decoder whose every layer is fairseq's
 ``TransformerDecoderLayerBase`` as built (its ``forward`` not overridden,
@@ -45,7 +49,7 @@ from ..models.attention_kind_base import AttentionKindDecoder
 from ..modules import decoding_step
 from ..modules.cached_projection import CachedProjectionAttention
 from ..modules.soft_attention import SoftAttention
-from .lineage import EVERY_POSITION
+from .lineage import EVERY_POSITION, MODES
 
 # the modules' forwards whose lineage step this one is
 _ATTENTION_FORWARDS = (CachedProjectionAttention.forward, SoftAttention.forward)
@@ -166,6 +170,86 @@ class _Layer:
         self.hidden = layer.fc1.out_features
 
 
+class _NativeLayers:
+    """The decoder's layers (and its last norm) for one step as one kernel
+    call, ``kernels.decoder_step``: each layer's weights, sizes and norms in
+    a table made once per decoding call, its caches' addresses each step."""
+
+    def __init__(self, layers: List[_Layer], modules, last_norm: Optional[nn.LayerNorm], variant, functions: dict):
+        self.layers, self.variant, self.functions = layers, variant, functions
+        self.pre_norm = layers[0].pre_norm
+        slots, scalar_slots = kernels.LAYER_SLOTS, kernels.LAYER_SCALARS
+        self.records, scalars = [], []
+        for layer, module in zip(layers, modules):
+            record = [0] * slots["LAYER_SLOTS"]
+            named = {**{f"self_{name}": address for name, address in layer.native_self.items()},
+                     **{f"cross_{name}": address for name, address in layer.native_cross.items()},
+                     **layer.native_feed_forward}
+            for (kind, attention) in (("SELF", module.self_attn), ("CROSS", module.encoder_attn)):
+                named.update({f"{kind}_heads": attention.num_heads, f"{kind}_head_dim": attention.head_dim,
+                              f"{kind}_mode": MODES[attention.lineage_mode],
+                              f"{kind}_top_k": getattr(attention, "k", 0)})
+            for kind, norm in (("SELF", module.self_attn_layer_norm), ("CROSS", module.encoder_attn_layer_norm),
+                               ("FINAL", module.final_layer_norm)):
+                named[f"{kind}_norm_weight"], named[f"{kind}_norm_bias"] = norm.weight.data_ptr(), norm.bias.data_ptr()
+            named["hidden"] = layer.hidden
+            for name, value in named.items():
+                record[slots[name.upper()]] = value or 0
+            self.records.append(record)
+            layer_scalars = [0.0] * scalar_slots["LAYER_SCALARS"]
+            for name, value in (("SELF_SCALE", module.self_attn.scaling), ("CROSS_SCALE", module.encoder_attn.scaling),
+                                ("SELF_NORM_EPS", module.self_attn_layer_norm.eps),
+                                ("CROSS_NORM_EPS", module.encoder_attn_layer_norm.eps),
+                                ("FINAL_NORM_EPS", module.final_layer_norm.eps)):
+                layer_scalars[scalar_slots[name]] = value
+            scalars.append(layer_scalars)
+        self.scalars = torch.tensor(scalars, dtype=torch.float32)
+        self.last_norm = None if last_norm is None else (last_norm.weight, last_norm.bias, last_norm.eps)
+
+    @classmethod
+    def of(cls, decoder, layers: List[_Layer], functions: Optional[dict]) -> Optional["_NativeLayers"]:
+        """The layers as one call, or None where a part is not a kernel's."""
+        functions = kernels.decoder_step_functions(functions)
+        if functions is None or any(layer.native_self is None or layer.native_cross is None
+                                    or layer.native_feed_forward is None or layer.pre_norm != layers[0].pre_norm
+                                    for layer in layers):
+            return None
+        norms = [norm for module in decoder.layers
+                 for norm in (module.self_attn_layer_norm, module.encoder_attn_layer_norm, module.final_layer_norm)]
+        if decoder.layer_norm is not None:
+            norms.append(decoder.layer_norm)
+        embed = decoder.layers[0].embed_dim
+        variants = {kernels.layer_norm_variant(embed, norm.eps) if _native_norm(norm, embed) else None
+                    for norm in norms}
+        if len(variants) != 1 or None in variants:
+            return None
+        return cls(layers, decoder.layers, decoder.layer_norm, variants.pop(), functions)
+
+    def __call__(self, x: Tensor, incremental_state, lineage) -> Optional[Tensor]:
+        """The layers' output of ``x`` (rows, embed_dim) and the last norm;
+        None before the self-attention caches exist."""
+        caches, sources = [], []
+        rows = x.size(0)
+        for layer in self.layers:
+            saved_state = layer.self_attn._get_input_buffer(incremental_state)
+            keys = saved_state.get("lineage_keys")
+            if keys is None:
+                return None
+            caches.append((keys, saved_state["lineage_values"]))
+            cross_state = layer.encoder_attn._get_input_buffer(incremental_state)
+            sources.append(lineage._source(cross_state, _source_padding(cross_state), rows))
+        return kernels.decoder_step(x.contiguous(), self.records, caches, sources, self.scalars, self.pre_norm,
+                                    lineage.ancestors, lineage.length, self.last_norm, self.variant,
+                                    self.functions)
+
+
+def _native_norm(norm, embed: int) -> bool:
+    """An nn.LayerNorm over the last dim of ``embed`` features with a float32 weight and bias on the CPU."""
+    return (type(norm) is nn.LayerNorm and tuple(norm.normalized_shape) == (embed,) and norm.weight is not None
+            and norm.bias is not None and all(t.dtype == torch.float32 and t.device.type == "cpu"
+                                              and t.is_contiguous() for t in (norm.weight, norm.bias)))
+
+
 class DirectStep:
     """A decoding call's steps of ``decoder`` (``supports`` it) after its
     first: features (rows, embed_dim) of each hypothesis's last token."""
@@ -174,6 +258,7 @@ class DirectStep:
         self.decoder, self.capacity = decoder, capacity  # (the call's steps at most)
         functions = kernels.sublayer_functions()
         self.layers: List[_Layer] = [_Layer(layer, functions) for layer in decoder.layers]
+        self.native = _NativeLayers.of(decoder, self.layers, functions)
         self.project_in, self.project_out = _product(decoder.project_in_dim), _product(decoder.project_out_dim)
         self.embedding_norm, self.last_norm = _norm(decoder.layernorm_embedding), _norm(decoder.layer_norm)
         self.positions: Optional[Tensor] = None  # of every step up to its length (_position)
@@ -215,15 +300,19 @@ class DirectStep:
             x += positions
         if self.embedding_norm is not None:
             x = self.embedding_norm(x)
-        rows = x.size(0)
-        for layer in self.layers:
-            x = _residual_block(layer.pre_norm, layer.self_norm, x, _self_attention, layer, rows,
-                                incremental_state, lineage)
-            x = _residual_block(layer.pre_norm, layer.cross_norm, x, _cross_attention, layer, rows,
-                                incremental_state, lineage)
-            x = _residual_block(layer.pre_norm, layer.final_norm, x, _feed_forward, layer)
-        if self.last_norm is not None:
-            x = self.last_norm(x)
+        layers_out = None if self.native is None else self.native(x, incremental_state, lineage)
+        if layers_out is not None:
+            x = layers_out
+        else:
+            rows = x.size(0)
+            for layer in self.layers:
+                x = _residual_block(layer.pre_norm, layer.self_norm, x, _self_attention, layer, rows,
+                                    incremental_state, lineage)
+                x = _residual_block(layer.pre_norm, layer.cross_norm, x, _cross_attention, layer, rows,
+                                    incremental_state, lineage)
+                x = _residual_block(layer.pre_norm, layer.final_norm, x, _feed_forward, layer)
+            if self.last_norm is not None:
+                x = self.last_norm(x)
         if self.project_out is not None:
             x = self.project_out(x)
         return x
@@ -253,9 +342,7 @@ def _self_attention(x: Tensor, residual: Tensor, layer: _Layer, rows: int, incre
 def _cross_attention(x: Tensor, residual: Tensor, layer: _Layer, rows: int, incremental_state, lineage) -> Tensor:
     module = layer.encoder_attn
     saved_state = module._get_input_buffer(incremental_state)
-    padding = saved_state.get("prev_key_padding_mask")
-    if padding is not None:
-        padding = None if padding.dim() == 0 else padding.to(torch.bool)
+    padding = _source_padding(saved_state)
     if layer.native_cross is not None:
         return lineage.source_attention_sublayer(module, saved_state, x, residual, padding, layer.native_cross,
                                                  layer.functions)
@@ -268,3 +355,9 @@ def _feed_forward(x: Tensor, residual: Tensor, layer: _Layer) -> Tensor:
     if layer.native_feed_forward is not None:
         return kernels.feed_forward_sublayer(x, residual, layer.native_feed_forward, layer.hidden, layer.functions)
     return residual + layer.fc2(layer.activation(layer.fc1(x)))
+
+
+def _source_padding(saved_state) -> Optional[Tensor]:
+    """Cross-attention's cached padding of the source positions, as bool (None: none padded)."""
+    padding = saved_state.get("prev_key_padding_mask")
+    return None if padding is None or padding.dim() == 0 else padding.to(torch.bool)

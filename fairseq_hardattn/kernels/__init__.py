@@ -6,7 +6,10 @@ attention's band (``flexible_band.c``), the plugin's search's candidates
 encoder's, and lineage caches (``step_attention.c``), a decoder layer's
 sublayers as one call each (``decoder_sublayers.c``: its products through
 the BLAS functions of PyTorch's own library, found by ``torch_blas``), and
-sampling's draws, a generator per sentence (``sentence_draws.c``).
+sampling's draws, a generator per sentence (``sentence_draws.c``), and
+PyTorch's LayerNorm operation for operation (``layer_norm.c``), with which
+a decoder step's layers are one call (``decoder_sublayers.c``'s
+``decoder_step``).
 
 A build is cached under ``$FAIRSEQ_HARDATTN_KERNEL_DIR`` (default
 ``~/.cache/fairseq_hardattn/kernels``), keyed by the source, the compiler,
@@ -46,6 +49,8 @@ FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math",
          "-fassociative-math", "-fno-signed-zeros", "-std=c99", "-shared", "-fPIC")
 # OpenMP's threads where the compiler has it, else its simd pragmas only
 THREADING = (("-fopenmp",), ("-fopenmp-simd",))
+# kernels that repeat PyTorch's float sums operation for operation: no reassociation, no contraction
+IN_ORDER = {"layer_norm": ("-fno-associative-math", "-ffp-contract=off")}
 _loaded: Dict[str, Optional[ctypes.CDLL]] = {}
 
 
@@ -84,7 +89,7 @@ def build(name: str, cached: bool = True) -> Path:
     cc = compiler()
     if cc is None:
         raise RuntimeError("no C compiler found (CC={!r}; install gcc or set CC)".format(os.environ.get("CC", "")))
-    extra = tuple(os.environ.get("FAIRSEQ_HARDATTN_KERNEL_CFLAGS", "").split())
+    extra = IN_ORDER.get(name, ()) + tuple(os.environ.get("FAIRSEQ_HARDATTN_KERNEL_CFLAGS", "").split())
     for threading in THREADING[:-1]:
         try:
             return _build(name, cc, FLAGS + threading + extra, cached)
@@ -195,7 +200,9 @@ class Kernel:
         if arguments.keys() != self._names:
             missing, extra = sorted(self._names - arguments.keys()), sorted(arguments.keys() - self._names)
             raise TypeError(f"{self.name}: missing {missing}, unknown {extra}")
-        return self.function()(*self._in_order(arguments))
+        # (its callers checked that it is available: bound once, it is called as bound)
+        bound = self._function if self._bound is not None and _loaded.get(self.library) is self._bound else None
+        return (bound or self.function())(*self._in_order(arguments))
 
 
 def c_prototype(source: str, name: str):
@@ -216,6 +223,15 @@ def c_prototype(source: str, name: str):
         words = [w for w in words if w not in ("*", "const")]
         found.append((words[-1], _ptr if pointer else _C_TYPES[words[-2]]))
     return found
+
+
+def c_enum(source: str, name: str) -> Dict[str, int]:
+    """The constants of the C enum ``name`` in ``source`` and their values
+    (each the one before plus one, from 0)."""
+    match = re.search(rf"enum {name}\s*{{([^}}]*)}}", source)
+    if match is None:
+        raise RuntimeError(f"no enum {name} in the kernel source")
+    return {constant.strip(): value for value, constant in enumerate(match.group(1).split(",")) if constant.strip()}
 
 
 def check_signature(kernel: Kernel, source_path: Path):
@@ -271,13 +287,21 @@ LINEAR_PRODUCT = Kernel("decoder_sublayers", "linear_product", [
     ("x", _ptr), ("rows", _i64), ("in_features", _i64), ("weight", _ptr), ("bias", _ptr), ("out_features", _i64),
     ("y", _ptr)]
     + _BLAS, None)
+DECODER_STEP = Kernel("decoder_sublayers", "decoder_step", [
+    ("features", _ptr), ("out", _ptr), ("rows", _i64), ("embed", _i64), ("n_layers", _i64), ("layers", _ptr),
+    ("layer_scalars", _ptr), ("pre_norm", _int), ("ancestors", _ptr), ("anc_stride", _i64), ("rows0", _i64),
+    ("length", _i64), ("last_norm_weight", _ptr), ("last_norm_bias", _ptr), ("last_norm_eps", _f32),
+    ("norm_lanes", _int), ("norm_fused", _int)] + _BLAS + [("attention", _ptr), ("layer_norm", _ptr)], _int)
+LAYER_NORM = Kernel("layer_norm", "layer_norm", [
+    ("x", _ptr), ("rows", _i64), ("n", _i64), ("gamma", _ptr), ("beta", _ptr), ("eps", _f32), ("lanes", _int),
+    ("fused", _int), ("y", _ptr)], _int)
 SEED_GENERATORS = Kernel("sentence_draws", "seed_generators", [("seeds", _ptr), ("n", _i64), ("states", _ptr)],
                          None)
 EXPONENTIAL_DRAWS = Kernel("sentence_draws", "exponential_draws", [
     ("states", _ptr), ("n", _i64), ("per", _i64), ("single", _int), ("out", _ptr)], None)
 KERNELS = (FLEXIBLE_BAND, BEAM_CANDIDATES, ENSEMBLE_LOG_PROBS, READ_BACK, STEP_ATTENTION, STEP_ATTENTION_THREADS,
            SELF_ATTENTION_SUBLAYER, CROSS_ATTENTION_SUBLAYER, FEED_FORWARD_SUBLAYER, LINEAR_PRODUCT,
-           SEED_GENERATORS, EXPONENTIAL_DRAWS)
+           DECODER_STEP, LAYER_NORM, SEED_GENERATORS, EXPONENTIAL_DRAWS)
 
 
 def flexible_band_function():
@@ -600,3 +624,89 @@ def sublayer_weights(**linears) -> dict:
     for name, linear in linears.items():
         found[f"{name}_weight"], found[f"{name}_bias"] = linear.weight.data_ptr(), _address(linear.bias)
     return found
+
+
+# decoder_step's table of a layer: its slots (int64) and scalars (float32), by name
+LAYER_SLOTS = c_enum((SOURCE_DIR / "decoder_sublayers.c").read_text(), "layer_slot")
+LAYER_SCALARS = c_enum((SOURCE_DIR / "decoder_sublayers.c").read_text(), "layer_scalar")
+
+
+def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float, lanes: int, fused: bool) -> Tensor:
+    """``F.layer_norm(x, (n,), weight, bias, eps)`` of x (rows, n) as
+    ``layer_norm.c`` computes it with ``lanes`` and ``fused`` (see there);
+    float32, contiguous."""
+    y = torch.empty_like(x)
+    status = LAYER_NORM(x=x.data_ptr(), rows=x.size(0), n=x.size(1), gamma=weight.data_ptr(),
+                        beta=bias.data_ptr(), eps=eps, lanes=lanes, fused=int(fused), y=y.data_ptr())
+    if status != 0:
+        raise ValueError(f"layer_norm: {lanes} lanes")
+    return y
+
+
+_norm_variants: Dict[tuple, Optional[Tuple[int, bool]]] = {}
+
+
+def layer_norm_variant(n: int, eps: float) -> Optional[Tuple[int, bool]]:
+    """(lanes, fused) with which ``layer_norm`` gives ``F.layer_norm``'s
+    bits on rows of ``n`` here, or None (no kernel, or no pair does): tried
+    once per process, row size and eps, on rows of different means and
+    scales. Only rows of whole vectors at either width (``n`` a multiple of
+    16): PyTorch's sums over a row's scalar tail are not repeated here bit
+    for bit."""
+    key = (n, eps)
+    if key not in _norm_variants:
+        _norm_variants[key] = None
+        if n % 16 == 0 and LAYER_NORM.function() is not None:
+            generator = torch.Generator().manual_seed(0)  # (the process's own generator untouched)
+            x = (torch.randn(64, n, generator=generator) * torch.rand(64, 1, generator=generator) * 10
+                 + torch.randn(64, 1, generator=generator) * 10)
+            weight, bias = torch.randn(n, generator=generator), torch.randn(n, generator=generator)
+            expected = torch.nn.functional.layer_norm(x, (n,), weight, bias, eps)
+            _norm_variants[key] = next(((lanes, fused) for lanes in (8, 16) for fused in (True, False)
+                                        if torch.equal(layer_norm(x, weight, bias, eps, lanes, fused), expected)),
+                                       None)
+    return _norm_variants[key]
+
+
+def decoder_step_functions(functions: Optional[dict]) -> Optional[dict]:
+    """``functions`` (``sublayer_functions()``) and ``layer_norm``'s address,
+    what ``decoder_step`` calls; None where a kernel is missing."""
+    norm = LAYER_NORM.function()
+    if functions is None or norm is None or DECODER_STEP.function() is None:
+        return None
+    return dict(functions, layer_norm=ctypes.cast(norm, ctypes.c_void_p).value)
+
+
+def decoder_step(features: Tensor, records, caches, sources, scalars: Tensor, pre_norm: bool,
+                 ancestors: Tensor, length: int, last_norm, norm_variant: Tuple[int, bool],
+                 functions: dict) -> Tensor:
+    """The decoder's layers for one step (``decoder_sublayers.c``'s
+    ``decoder_step``) of ``features`` (rows, embed), float32, contiguous.
+    ``records``: each layer's ``LAYER_SLOTS`` as a list, its weights, sizes
+    and modes filled (this call fills the rest); ``caches``: each layer's
+    lineage keys and values (capacity, rows0, heads, head_dim); ``sources``:
+    each layer's source part as ``step_attention`` takes it; ``scalars``:
+    (layers, ``LAYER_SCALARS``) float32; ``last_norm``: (weight, bias, eps)
+    or None; ``norm_variant``: ``layer_norm_variant``'s; ``functions``:
+    ``decoder_step_functions()``."""
+    table, kept = [], []
+    keys_slot, values_slot = LAYER_SLOTS["KEYS"], LAYER_SLOTS["VALUES"]
+    for record, (keys, values), source in zip(records, caches, sources):
+        arguments, held = _source_arguments(source)
+        kept.append(held)
+        record[keys_slot], record[values_slot] = keys.data_ptr(), values.data_ptr()
+        for name, value in arguments.items():
+            record[LAYER_SLOTS[name.upper()]] = value or 0
+        table += record
+    layers = torch.tensor(table, dtype=torch.int64)
+    out = torch.empty_like(features)
+    rows, embed = features.shape
+    weight, bias, eps = last_norm if last_norm is not None else (None, None, 0.0)
+    status = DECODER_STEP(
+        features=features.data_ptr(), out=out.data_ptr(), rows=rows, embed=embed, n_layers=len(records),
+        layers=layers.data_ptr(), layer_scalars=scalars.data_ptr(), pre_norm=int(pre_norm),
+        ancestors=ancestors.data_ptr(), anc_stride=ancestors.stride(0), rows0=caches[0][0].size(1), length=length,
+        last_norm_weight=_address(weight), last_norm_bias=_address(bias), last_norm_eps=eps,
+        norm_lanes=norm_variant[0], norm_fused=int(norm_variant[1]), **functions)
+    _raise_for_status("decoder_step", status)
+    return out

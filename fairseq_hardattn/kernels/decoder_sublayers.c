@@ -14,7 +14,11 @@
  *
  * Features are (rows, embed) row-major; weights (out, in) as nn.Linear
  * keeps them; a bias may be NULL. Each returns 0, 2 where its scratch
- * memory could not be allocated, or the attention's status. */
+ * memory could not be allocated, or the attention's status.
+ *
+ * decoder_step is a whole step of the decoder's layers as one call: the
+ * sublayers above and between them the layer norms, layer_norm.c's
+ * (PyTorch's, operation for operation; the caller checks its bits too). */
 #define _POSIX_C_SOURCE 200112L /* posix_memalign */
 #include <stdint.h>
 #include <stdlib.h>
@@ -34,6 +38,10 @@ typedef int (*attention_t)(const float *q, int64_t rows, int64_t heads, int64_t 
                            const float *values, const int64_t *ancestors, int64_t anc_stride, int64_t rows0,
                            int64_t length, float scale, int mode, int64_t k, const float *centres,
                            float window, float gaussian, float *out);
+
+/* layer_norm.c's layer_norm */
+typedef int (*layer_norm_t)(const float *x, int64_t rows, int64_t n, const float *gamma, const float *beta,
+                            float eps, int lanes, int fused, float *y);
 
 /* y (rows, out) = x (rows, in) w^T + b, as torch's F.linear */
 static void linear(const void *gemm, const void *gemv, const float *x, int64_t rows, int64_t in,
@@ -147,3 +155,96 @@ int feed_forward_sublayer(const float *x, const float *residual, float *out, int
     free(h);
     return 0;
 }
+
+/* A layer's record in decoder_step's `layers` table: int64 slots, addresses
+ * and sizes, filled by the caller by these names. */
+enum layer_slot {
+    SELF_Q_WEIGHT, SELF_Q_BIAS, SELF_K_WEIGHT, SELF_K_BIAS, SELF_V_WEIGHT, SELF_V_BIAS, SELF_OUT_WEIGHT,
+    SELF_OUT_BIAS, SELF_HEADS, SELF_HEAD_DIM, SELF_MODE, SELF_TOP_K, KEYS, VALUES,
+    CROSS_Q_WEIGHT, CROSS_Q_BIAS, CROSS_OUT_WEIGHT, CROSS_OUT_BIAS, CROSS_HEADS, CROSS_HEAD_DIM, CROSS_MODE,
+    CROSS_TOP_K, SRC_KEYS, SRC_KEYS_T, SRC_VALUES, SENTENCE_STRIDE, HEAD_STRIDE, SRC_POSITION_STRIDE,
+    SRC_PADDING, SRC_LEN, GROUP, SRC_SENTENCES,
+    FC1_WEIGHT, FC1_BIAS, FC2_WEIGHT, FC2_BIAS, HIDDEN,
+    SELF_NORM_WEIGHT, SELF_NORM_BIAS, CROSS_NORM_WEIGHT, CROSS_NORM_BIAS, FINAL_NORM_WEIGHT, FINAL_NORM_BIAS,
+    LAYER_SLOTS
+};
+/* A layer's float32 scalars in decoder_step's `scalars` table */
+enum layer_scalar { SELF_SCALE, CROSS_SCALE, SELF_NORM_EPS, CROSS_NORM_EPS, FINAL_NORM_EPS, LAYER_SCALARS };
+
+#define F32(slot) ((const float *)(intptr_t)layer[slot])
+
+/* fairseq's residual block around one sublayer, `x` updated in place:
+ * post-norm x = norm(x + body(x)); pre-norm x = x + body(norm(x)).
+ * `body` writes residual + sublayer(input) into `out`. */
+#define RESIDUAL_BLOCK(NORM_WEIGHT, NORM_BIAS, NORM_EPS, CALL)                                            \
+    do {                                                                                              \
+        const float *input = x;                                                                       \
+        if (pre_norm) {                                                                               \
+            status = ((layer_norm_t)layer_norm)(x, rows, embed, F32(NORM_WEIGHT), F32(NORM_BIAS),       \
+                                                scalars[NORM_EPS], norm_lanes, norm_fused, normed);    \
+            input = normed;                                                                           \
+            if (status) break;                                                                        \
+        }                                                                                             \
+        status = (CALL);                                                                              \
+        if (status) break;                                                                            \
+        if (pre_norm) {                                                                               \
+            float *swap = x; x = summed; summed = swap;                                               \
+        } else {                                                                                      \
+            status = ((layer_norm_t)layer_norm)(summed, rows, embed, F32(NORM_WEIGHT), F32(NORM_BIAS),  \
+                                                scalars[NORM_EPS], norm_lanes, norm_fused, x);         \
+        }                                                                                             \
+    } while (0)
+
+/* The decoder's layers for one step: `features` (rows, embed) in, the last
+ * layer's output (then `last_norm` where given) into `out`. Each layer as
+ * fairseq's TransformerDecoderLayer with no optional part: self-attention
+ * over the lineage caches, cross-attention over the encoder's cached keys
+ * and values, the feed-forward network (ReLU), each a residual block;
+ * `layers` and `scalars`: `n_layers` records (layer_slot, layer_scalar).
+ * Returns 0, 1 where a layer norm's vector width is not one it knows, 2
+ * where scratch memory could not be allocated, or an attention's status. */
+int decoder_step(const float *features, float *out, int64_t rows, int64_t embed, int64_t n_layers,
+                 const int64_t *layers, const float *layer_scalars, int pre_norm, const int64_t *ancestors,
+                 int64_t anc_stride, int64_t rows0, int64_t length, const float *last_norm_weight,
+                 const float *last_norm_bias, float last_norm_eps, int norm_lanes, int norm_fused,
+                 const void *gemm, const void *gemv, const void *attention, const void *layer_norm) {
+    const int64_t n = rows * embed;
+    float *memory = scratch(3 * aligned(n));
+    if (!memory) return 2;
+    float *x = memory, *summed = memory + aligned(n), *normed = memory + 2 * aligned(n);
+    memcpy(x, features, n * sizeof *x);
+    int status = 0;
+    for (int64_t i = 0; i < n_layers && !status; ++i) {
+        const int64_t *layer = layers + i * LAYER_SLOTS;
+        const float *scalars = layer_scalars + i * LAYER_SCALARS;
+        RESIDUAL_BLOCK(SELF_NORM_WEIGHT, SELF_NORM_BIAS, SELF_NORM_EPS, self_attention_sublayer(
+            input, x, summed, rows, embed, F32(SELF_Q_WEIGHT), F32(SELF_Q_BIAS), F32(SELF_K_WEIGHT),
+            F32(SELF_K_BIAS), F32(SELF_V_WEIGHT), F32(SELF_V_BIAS), F32(SELF_OUT_WEIGHT), F32(SELF_OUT_BIAS),
+            layer[SELF_HEADS], layer[SELF_HEAD_DIM], scalars[SELF_SCALE], (int)layer[SELF_MODE],
+            layer[SELF_TOP_K], (float *)(intptr_t)layer[KEYS], (float *)(intptr_t)layer[VALUES], ancestors,
+            anc_stride, rows0, length, gemm, gemv, attention));
+        if (status) break;
+        RESIDUAL_BLOCK(CROSS_NORM_WEIGHT, CROSS_NORM_BIAS, CROSS_NORM_EPS, cross_attention_sublayer(
+            input, x, summed, rows, embed, F32(CROSS_Q_WEIGHT), F32(CROSS_Q_BIAS), F32(CROSS_OUT_WEIGHT),
+            F32(CROSS_OUT_BIAS), layer[CROSS_HEADS], layer[CROSS_HEAD_DIM], scalars[CROSS_SCALE],
+            (int)layer[CROSS_MODE], layer[CROSS_TOP_K], F32(SRC_KEYS), F32(SRC_KEYS_T), F32(SRC_VALUES),
+            layer[SENTENCE_STRIDE], layer[HEAD_STRIDE], layer[SRC_POSITION_STRIDE],
+            (const uint8_t *)(intptr_t)layer[SRC_PADDING], layer[SRC_LEN], layer[GROUP],
+            (const int64_t *)(intptr_t)layer[SRC_SENTENCES], gemm, gemv, attention));
+        if (status) break;
+        RESIDUAL_BLOCK(FINAL_NORM_WEIGHT, FINAL_NORM_BIAS, FINAL_NORM_EPS, feed_forward_sublayer(
+            input, x, summed, rows, embed, layer[HIDDEN], F32(FC1_WEIGHT), F32(FC1_BIAS), F32(FC2_WEIGHT),
+            F32(FC2_BIAS), gemm, gemv));
+    }
+    if (!status) {
+        if (last_norm_weight)
+            status = ((layer_norm_t)layer_norm)(x, rows, embed, last_norm_weight, last_norm_bias, last_norm_eps,
+                                                norm_lanes, norm_fused, out);
+        else
+            memcpy(out, x, n * sizeof *x);
+    }
+    free(memory);
+    return status;
+}
+#undef RESIDUAL_BLOCK
+#undef F32

@@ -138,11 +138,13 @@ def sublayer_calls(monkeypatch):
                                   "transformer_hard_dec_small", "transformer_topk_dec_small"])
 def test_each_sublayer_runs_as_one_kernel_call_with_the_bits_of_its_pytorch_calls(arch, monkeypatch):
     """Where PyTorch's BLAS is found and its products give F.linear's bits,
-    a step's sublayers are one kernel call each (decoder_sublayers.c): the
-    same hypotheses and scores, bit for bit, as the step's PyTorch calls,
-    in beam search (sentences finishing, beams reordered) and sampling."""
+    a step's sublayers are one kernel call each (decoder_sublayers.c; the
+    layers as one call turned off): the same hypotheses and scores, bit for
+    bit, as the step's PyTorch calls, in beam search (sentences finishing,
+    beams reordered) and sampling."""
     from fairseq_hardattn import kernels
 
+    monkeypatch.setattr(kernels, "decoder_step_functions", lambda functions: None)
     if kernels.sublayer_functions() is None:
         pytest.skip("no sublayer kernels here (no compiler, or PyTorch without an exported BLAS)")
     d = make_dictionary(40)
@@ -163,6 +165,83 @@ def test_each_sublayer_runs_as_one_kernel_call_with_the_bits_of_its_pytorch_call
             python, python_steps = decode(model, d, sample, True, patch, **options)
         assert python_steps == steps and not calls
         assert_identical(native, python)
+
+
+def native_layers_or_skip(model):
+    """The model's layers as one call (``_NativeLayers``), or a skip naming what is missing here."""
+    from fairseq_hardattn import kernels
+
+    if kernels.decoder_step_functions(kernels.sublayer_functions()) is None:
+        pytest.skip("no decoder step kernel here (no compiler, or PyTorch without an exported BLAS)")
+    functions = kernels.sublayer_functions()
+    if not direct_step._gives_torchs_bits(model.decoder.layers[0].fc1.weight, functions):
+        pytest.skip("this CPU's BLAS products differ from F.linear's here: the sublayers stay PyTorch's calls")
+    if kernels.layer_norm_variant(model.decoder.embed_dim, 1e-5) is None:
+        pytest.skip("this PyTorch's LayerNorm sums in an order layer_norm.c does not repeat")
+    return direct_step.DirectStep(model.decoder, 8).native
+
+
+@pytest.mark.parametrize("arch", ["transformer_soft_small", "transformer_soft_prenorm_small",
+                                  "transformer_hard_dec_small", "transformer_topk_dec_small"])
+def test_a_steps_layers_run_as_one_kernel_call_with_the_bits_of_their_pytorch_calls(arch, monkeypatch):
+    """Where every sublayer is a kernel's and every layer norm's rows are
+    layer_norm.c's with PyTorch's bits, a step's layers (and the last norm)
+    are one call (kernels.decoder_step): the hypotheses and scores, bit for
+    bit, of a sublayer a call and of the step's PyTorch calls, in beam
+    search and sampling."""
+    from fairseq_hardattn import kernels
+
+    d = make_dictionary(40)
+    model = decisive_model(arch, d).float()
+    assert native_layers_or_skip(model) is not None
+    sample = sample_of(d)
+    for options in (dict(beam_size=4, max_len_b=12),
+                    dict(beam_size=2, max_len_b=10, search_strategy=Sampling(d, 5), seed=3)):
+        with monkeypatch.context() as patch:
+            calls, original = [], kernels.decoder_step
+            patch.setattr(kernels, "decoder_step", lambda *a, **k: calls.append(1) or original(*a, **k))
+            native, steps = decode(model, d, sample, True, patch, **options)
+        assert steps > 0 and len(calls) == steps
+        with monkeypatch.context() as patch:
+            patch.setattr(kernels, "decoder_step_functions", lambda functions: None)
+            sublayers, _ = decode(model, d, sample, True, patch, **options)
+        with monkeypatch.context() as patch:
+            patch.setattr(kernels, "sublayer_functions", lambda: None)
+            python, _ = decode(model, d, sample, True, patch, **options)
+        assert_identical(native, sublayers)
+        assert_identical(native, python)
+
+
+def test_the_layers_stay_a_call_a_sublayer_where_a_norm_is_not_layer_norm_cs():
+    """A norm without a weight and a bias, or over rows whose sums the
+    kernel does not repeat, keeps the calls a sublayer (and PyTorch's norms)."""
+    from fairseq_hardattn import kernels
+
+    d = make_dictionary(40)
+    model = decisive_model("transformer_soft_small", d).float()
+    assert native_layers_or_skip(model) is not None
+    layer = model.decoder.layers[1]
+    layer.final_layer_norm = torch.nn.LayerNorm(layer.embed_dim, elementwise_affine=False)
+    step = direct_step.DirectStep(model.decoder, 8)
+    assert step.native is None and all(layer.native_self is not None for layer in step.layers)
+    assert kernels.layer_norm_variant(100, 1e-5) is None
+
+
+@pytest.mark.parametrize("n", [32, 128, 512, 1024])
+def test_layer_norm_c_gives_pytorchs_bits_on_rows_it_was_not_tried_on(n):
+    """The variant found once per row size holds on other rows: of other
+    sizes of batch, means and scales, and a weight and bias of other values."""
+    from fairseq_hardattn import kernels
+
+    variant = kernels.layer_norm_variant(n, 1e-5)
+    if variant is None:
+        pytest.skip("no layer_norm kernel here, or this PyTorch's LayerNorm sums in another order")
+    generator = torch.Generator().manual_seed(n)
+    for rows, offset, scale in ((1, 0.0, 1.0), (7, 100.0, 0.01), (300, -3.0, 50.0)):
+        x = torch.randn(rows, n, generator=generator) * scale + offset
+        weight, bias = torch.rand(n, generator=generator) + 0.5, torch.randn(n, generator=generator)
+        assert torch.equal(kernels.layer_norm(x, weight, bias, 1e-5, *variant),
+                           torch.nn.functional.layer_norm(x, (n,), weight, bias, 1e-5))
 
 
 def test_a_sublayer_keeps_pytorchs_calls_where_the_kernel_would_not_give_their_bits(monkeypatch):

@@ -16,7 +16,7 @@ from fairseq_hardattn.decoding import PluginBeamSearch
 
 from conftest import assert_same_hypotheses, decisive_model, make_dictionary, sample_of, tool_env
 
-SEARCH_KERNELS = ("beam_candidates", "step_attention", "decoder_sublayers")
+SEARCH_KERNELS = ("beam_candidates", "step_attention", "decoder_sublayers", "layer_norm")
 
 
 @pytest.fixture
