@@ -627,8 +627,9 @@ def sublayer_weights(**linears) -> dict:
 
 
 # decoder_step's table of a layer: its slots (int64) and scalars (float32), by name
-LAYER_SLOTS = c_enum((SOURCE_DIR / "decoder_sublayers.c").read_text(), "layer_slot")
-LAYER_SCALARS = c_enum((SOURCE_DIR / "decoder_sublayers.c").read_text(), "layer_scalar")
+_DECODER_SUBLAYERS_SOURCE = (SOURCE_DIR / "decoder_sublayers.c").read_text()
+LAYER_SLOTS = c_enum(_DECODER_SUBLAYERS_SOURCE, "layer_slot")
+LAYER_SCALARS = c_enum(_DECODER_SUBLAYERS_SOURCE, "layer_scalar")
 
 
 def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float, lanes: int, fused: bool) -> Tensor:

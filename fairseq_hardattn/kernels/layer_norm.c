@@ -54,8 +54,14 @@ static void moments(const float *x, int64_t n, int lanes, int fused, float *mean
     const int64_t vectors = n / lanes, chunks = (vectors + CHUNK - 1) / CHUNK;
     int64_t depth = 0;
     while (((int64_t)1 << depth) < chunks) ++depth;
-    int64_t m0_stack[MAX_DEPTH] = {0};
-    float m1_stack[MAX_DEPTH][MAX_LANES] = {{0}}, m2_stack[MAX_DEPTH][MAX_LANES] = {{0}};
+    /* only the cascade's levels a row of n uses (at least one) start at zero: the whole
+     * stack would be 8 KB set for each row */
+    int64_t m0_stack[MAX_DEPTH];
+    float m1_stack[MAX_DEPTH][MAX_LANES], m2_stack[MAX_DEPTH][MAX_LANES];
+    for (int64_t level = 0; level < (depth > 0 ? depth : 1); ++level) {
+        m0_stack[level] = 0;
+        for (int l = 0; l < MAX_LANES; ++l) m1_stack[level][l] = m2_stack[level][l] = 0.0f;
+    }
     for (int64_t i = 0; i < chunks; ++i) {
         const float *chunk = x + i * CHUNK * lanes;
         const int64_t m0 = vectors - i * CHUNK < CHUNK ? vectors - i * CHUNK : CHUNK;
