@@ -27,10 +27,12 @@ few tenths of a second again.
 Workers run only for models that fairseq's tools prepared for decoding
 (``prepare_for_inference_``: fairseq-generate, fairseq-interactive, the
 hub), whose weights no longer change; never in training (``--eval-bleu``),
-where each validation must see the updated weights. They live as long as
-the generator that forked them (the hub builds one per call), and never
-longer than the process that forked them (``die_with_parent``). A process
-whose other threads are decoding (a threaded server) forks no workers: a
+where each validation must see the updated weights. They stay while their
+generator may decode again: until another generator starts its workers
+while they idle (the hub builds a generator per call: one call's workers
+end as the next call starts its own) or the process ends, and never longer
+than the process that forked them (``die_with_parent``). A process whose
+other threads are decoding (a threaded server) forks no workers: a
 fork copies only the thread that forks, and the locks the others hold would
 stay locked in a worker; such a call decodes in its own thread. A worker
 that fails hands its error to the caller; one that dies is replaced by the
@@ -43,6 +45,7 @@ here the calling process takes over, and a running task cannot be stopped
 where a command that is told to end kills its workers at once.
 """
 
+import atexit
 import collections
 import contextlib
 import copyreg
@@ -370,6 +373,12 @@ class WorkerPool:
         self.queued = [collections.deque() for _ in range(workers)]  # task numbers per worker
         self.results = {}
         self.next_number = 0
+        self.generator = weakref.ref(generator)  # (no callback: ``_pools`` says why)
+        _pools.add(self)
+        # (again: the last registered, so that it runs before multiprocessing's
+        # own exit function, which would wait for the workers)
+        atexit.unregister(_kill_pools_at_exit)
+        atexit.register(_kill_pools_at_exit)
 
     def submit(self, sample) -> int:
         """Queue ``sample`` on the least busy worker; returns its task number."""
@@ -471,6 +480,7 @@ class WorkerPool:
             queued.clear()
         self.packing.close()
         self.release_collector()
+        _pools.discard(self)
 
 
 # calls decoding in this process's threads, here or through their workers: a
@@ -478,6 +488,40 @@ class WorkerPool:
 # decodes (a lock that thread's PyTorch ops hold would stay locked in the workers)
 _searching = 0
 _searching_lock = threading.Lock()
+
+
+# every pool of this process that has not ended. A generator dropped with
+# its pool (the hub builds one per call, and fairseq's configuration objects
+# keep each in a reference cycle until a full collection) leaves its workers
+# to the next pool's start or the process's end: a finalizer would run
+# wherever the collector frees the generator, and a Ctrl-C arriving while it
+# runs would raise there, only reported, never reaching the program
+_pools = set()
+
+
+def end_pools_left_behind():
+    """End the pools no call will use: those of generators that are gone,
+    and the idle ones of other generators (a later call of theirs starts
+    another). Called by the one call that decodes, as it starts a pool; the
+    pools' objects are freed here too, signals held."""
+    with signals_held():
+        left = list(_pools)
+        while left:  # (no name keeps a pool past the block)
+            _end_if_left_behind(left.pop())
+
+
+def _end_if_left_behind(pool):
+    generator = pool.generator()
+    if generator is None:
+        pool.close()
+    elif (generator.__dict__.get("_pool") is pool and not pool.in_flight()
+          and not generator.__dict__.get("_pending")):
+        generator.close_workers(workers_later=True)
+
+
+def _kill_pools_at_exit():
+    for pool in list(_pools):
+        pool.kill(wait=False)
 
 
 @contextlib.contextmanager
@@ -506,17 +550,19 @@ class ParallelBatches:
                     for hypotheses in self.serial_generate(self.model.models, chunk, **kwargs)]
 
     def generate(self, models, sample, **kwargs):
-        pending = self.__dict__.setdefault("_pending", {})  # id(src_tokens) -> (src_tokens, tasks)
-        tokens = source_tokens(sample)
-        # batches read ahead are decoded without a prefix or constraints: so must this one be
-        plain_call = plain(kwargs)
-        entry = pending.pop(id(tokens), None) if plain_call and torch.is_tensor(tokens) else None
-        if entry is not None and entry[0] is not tokens:
-            entry = None
-        pool = self._pool_for(sample, plain_call) if entry is None else self._pool
-        if pool is None:
-            return self.generate_here(sample, **kwargs)
+        # counted from before the pool is chosen: another thread starting a pool
+        # then ends no pool this call is about to use (``end_pools_left_behind``)
         with searching():
+            pending = self.__dict__.setdefault("_pending", {})  # id(src_tokens) -> (src_tokens, tasks)
+            tokens = source_tokens(sample)
+            # batches read ahead are decoded without a prefix or constraints: so must this one be
+            plain_call = plain(kwargs)
+            entry = pending.pop(id(tokens), None) if plain_call and torch.is_tensor(tokens) else None
+            if entry is not None and entry[0] is not tokens:
+                entry = None
+            pool = self._pool_for(sample, plain_call) if entry is None else self._pool
+            if pool is None:
+                return self.generate_here(sample, **kwargs)
             return self._generate_through(pool, sample, entry, pending, kwargs)
 
     def _generate_through(self, pool, sample, entry, pending, kwargs):
@@ -573,13 +619,10 @@ class ParallelBatches:
         if not batches_after(sample, 1):  # one batch: this process decodes it with all its threads
             return None
         with _searching_lock:  # no search starts while this thread forks
-            if _searching:  # another thread decodes (a threaded server): this call decodes here
+            if _searching > 1:  # another call decodes (a threaded server): this one decodes here
                 return None
+            end_pools_left_behind()
             self._pool = WorkerPool(self, workers)
-        # a generator dropped with its workers (the hub's, after each call): a
-        # finalizer that waited would be where Ctrl-C lands, and its exception
-        # raised there is only reported, never reaching the program
-        weakref.finalize(self, self._pool.kill, wait=False)
         logger.info("decoding %d batches at a time, in %d worker processes of one thread each "
                     "(--decoding-workers %s%s), the model's weights shared", workers, workers,
                     setting, f": the {workers} threads this process may use" if setting == AUTO else "")

@@ -4,14 +4,17 @@ gives, in the same order, through fairseq-generate, fairseq-interactive and
 the hub; errors and dead workers; never in training; and several threads
 decoding with one model and one generator."""
 
+import functools
 import gc
 import logging
 import multiprocessing
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
+import weakref
 
 import pytest
 import torch
@@ -229,30 +232,49 @@ def test_a_workers_error_reaches_the_caller(monkeypatch):
     generator.close_workers()
 
 
-def test_a_generator_dropped_with_its_workers_ends_them_without_waiting(monkeypatch):
-    # the hub drops its generator after each call: had the finalizer waited for
-    # the workers, a Ctrl-C arriving then would raise there and be lost
+@pytest.mark.parametrize("moment", ["while they end", "as their objects are freed"])
+def test_a_dropped_generators_workers_end_as_the_next_pool_starts_and_a_ctrl_c_then_reaches_the_caller(
+        monkeypatch, moment):
+    # the hub drops its generator after each call: ended by a finalizer, the
+    # workers' ending ran wherever the collector freed it, and a Ctrl-C that
+    # arrived then was raised there, only reported, never reaching the program
     model, d = prepared_model()
     generator = PluginBeamSearch([model], d, beam_size=2, max_len_b=6)
     decode_as_fairseq_generate(generator, batches_of(d, count=4))
-    processes = list(generator._pool.processes)
-    assert all(p.is_alive() for p in processes)
+    processes = [weakref.ref(p) for p in generator._pool.processes]
+    pids = [p().pid for p in processes]
     lost = []
+    monkeypatch.setattr(sys, "unraisablehook", lost.append)
+    del generator
+    gc.collect()  # the collector runs nothing of the plugin's
+    assert all(p().is_alive() for p in processes) and lost == []
 
-    def interrupted_wait(timeout=None):
-        raise KeyboardInterrupt
+    def ctrl_c(*_):
+        os.kill(os.getpid(), signal.SIGINT)
 
-    gc.collect()  # (other tests' garbage: its finalizers are not this test's)
-    with monkeypatch.context() as m:
-        for process in processes:
-            m.setattr(process, "join", interrupted_wait)
-        m.setattr(sys, "unraisablehook", lost.append)
-        del generator
-        gc.collect()
+    join = multiprocessing.Process.join
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as a program run from a terminal
+    try:
+        with monkeypatch.context() as m:
+            for process in map(weakref.ref.__call__, processes):
+                if moment == "while they end":
+                    m.setattr(process, "join", functools.partial(lambda p, timeout=None: (ctrl_c(), join(p, timeout)),
+                                                                 process))
+                else:  # a finalizer of the workers' objects (multiprocessing has such)
+                    weakref.finalize(process, ctrl_c)
+            del process
+            following = PluginBeamSearch([model], d, beam_size=2, max_len_b=6)
+            with pytest.raises(KeyboardInterrupt):
+                decode_as_fairseq_generate(following, batches_of(d, count=4))
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert lost == []
-    for process in processes:
-        process.join(timeout=5)
-        assert process.exitcode == -9
+    for pid in pids:  # ended, and reaped
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+    assert decode_as_fairseq_generate(following, batches_of(d, count=4))  # and it decodes, its workers started
+    assert following._pool.processes and not {p.pid for p in following._pool.processes} & set(pids)
+    following.close_workers()
 
 
 def test_a_dead_worker_is_replaced_by_this_process_with_one_warning(caplog):
@@ -396,9 +418,13 @@ def test_generate_interactive_and_the_hub_with_two_workers(trained_checkpoints, 
         with caplog.at_level(logging.INFO, logger="fairseq_hardattn.decoding.workers"):
             translations[count] = hub.translate(lines, beam=3)
         assert any("in 2 worker processes" in r.getMessage() for r in caplog.records) == (count == 2)
-        gc.collect()  # the call's generator, collected, kills its workers (not waiting for them)
-        for process in multiprocessing.active_children():
-            process.join(timeout=5)
+        # the call's workers stay until the next call starts its own: one call's at a time
+        workers_of_the_first_call = set(multiprocessing.active_children())
+        assert len(workers_of_the_first_call) == (2 if count == 2 else 0)
+        assert hub.translate(lines[:6], beam=3) == translations[count][:6]
+        now = set(multiprocessing.active_children())
+        assert len(now) == len(workers_of_the_first_call) and not now & workers_of_the_first_call
+        workers.end_pools_left_behind()
         assert gc.get_freeze_count() == 0 and not multiprocessing.active_children()
     assert translations[2] == translations[1]
 
