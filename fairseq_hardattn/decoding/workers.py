@@ -82,6 +82,12 @@ AHEAD_PER_WORKER = 2 * QUEUED_PER_WORKER
 # another or in the workers at once: fairseq-generate's default --max-tokens
 # makes batches of hundreds, whose step outgrows the CPU's caches
 CHUNK_SENTENCES = 128
+# workers start only for a source of more than one batch, and of at least
+# this many chunks a worker (this call's and those read ahead): forking them
+# and their first chunks cost about what that many chunks gain, so a call of
+# a few (the hub's of a few sentences) decodes sooner in this process, on
+# all its threads
+TASKS_A_WORKER_TO_START = 2
 
 
 def available_threads() -> int:
@@ -147,11 +153,18 @@ def rows_of(sample, selected: torch.Tensor):
 def chunks_of(sample) -> List[Dict]:
     """``sample`` in chunks of at most ``CHUNK_SENTENCES`` sentences, as even
     as they divide (a CPU batch; any other whole)."""
+    count = chunk_count(sample)
+    if count == 1:
+        return [sample]
+    rows = torch.arange(source_tokens(sample).size(0))
+    return [rows_of(sample, chunk) for chunk in rows.tensor_split(count)]
+
+
+def chunk_count(sample) -> int:
     tokens = source_tokens(sample)
     if not torch.is_tensor(tokens) or tokens.device.type != "cpu" or tokens.size(0) <= CHUNK_SENTENCES:
-        return [sample]
-    count = -(-tokens.size(0) // CHUNK_SENTENCES)
-    return [rows_of(sample, rows) for rows in torch.arange(tokens.size(0)).tensor_split(count)]
+        return 1
+    return -(-tokens.size(0) // CHUNK_SENTENCES)
 
 
 def plain(kwargs) -> bool:
@@ -616,7 +629,9 @@ class ParallelBatches:
         if workers < 2 or not can_fork():
             self._workers_off = True
             return None
-        if not batches_after(sample, 1):  # one batch: this process decodes it with all its threads
+        # one batch, or a few chunks: here, with all the threads
+        ahead = batches_after(sample, TASKS_A_WORKER_TO_START * workers - 1)
+        if not ahead or sum(map(chunk_count, [sample, *ahead])) < TASKS_A_WORKER_TO_START * workers:
             return None
         with _searching_lock:  # no search starts while this thread forks
             if _searching > 1:  # another call decodes (a threaded server): this one decodes here

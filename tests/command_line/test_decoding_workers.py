@@ -116,7 +116,7 @@ def test_workers_give_one_processs_hypotheses_in_its_order(arch):
 
 def test_alignments_are_computed_in_the_workers_too():
     model, d = prepared_model()
-    samples = batches_of(d, count=3)
+    samples = batches_of(d, count=4)
     found = {}
     for count in (1, 2):
         model.decoding_workers = count
@@ -154,19 +154,26 @@ def test_the_objects_are_frozen_while_batches_are_out_and_in_the_workers(monkeyp
         gc.unfreeze()
 
 
-def test_one_batch_a_prefix_or_an_unprepared_model_decodes_here():
+def test_a_few_batches_a_prefix_or_an_unprepared_model_decode_here():
     model, d = prepared_model()
-    samples = batches_of(d, count=3)
+    samples = batches_of(d, count=2 * workers.TASKS_A_WORKER_TO_START)  # enough for 2 workers
     generator = PluginBeamSearch([model], d, beam_size=2, max_len_b=6)
     with torch.no_grad():
         generator.generate([model], samples[0])  # not from a lookahead source
         for sample in read_ahead.LookaheadCountingIterator(samples):  # a prefix: every call as it is
             generator.generate([model], sample, prefix_tokens=torch.full((3, 1), 5))
         decode_as_fairseq_generate(generator, samples[:1])  # the only batch
+        # fewer batches than the workers would gain on (a hub call of a few sentences)
+        few = decode_as_fairseq_generate(generator, samples[:-1])
     assert generator.__dict__.get("_pool") is None
+    assert_same_hypotheses(hypotheses_of(decode_as_fairseq_generate(generator, samples))[:len(few) * 3],
+                           hypotheses_of(few))
+    assert generator.__dict__.get("_pool") is not None  # enough of them: the workers start
+    generator.close_workers()
     model.prepared_for_inference = False  # training: --eval-bleu's weights change between calls
-    decode_as_fairseq_generate(generator, samples)
-    assert generator.__dict__.get("_pool") is None
+    unprepared = PluginBeamSearch([model], d, beam_size=2, max_len_b=6)
+    decode_as_fairseq_generate(unprepared, samples)
+    assert unprepared.__dict__.get("_pool") is None
 
 
 def test_a_worker_done_first_gets_more_batches_while_the_caller_waits_on_another(monkeypatch):
@@ -356,7 +363,7 @@ def test_a_thread_decoding_through_its_workers_keeps_other_threads_from_forking(
     decodes in its own thread: a fork then would copy the locks the first
     thread's PyTorch ops hold, locked, into the new workers."""
     model, d = prepared_model(decoding_workers=2)
-    first, second = batches_of(d, count=3, seed=1), batches_of(d, count=3, seed=2)
+    first, second = batches_of(d, count=4, seed=1), batches_of(d, count=4, seed=2)
     alone = hypotheses_of(decode_as_fairseq_generate(PluginBeamSearch([model], d, beam_size=3, max_len_b=8),
                                                      second))
     waiting, resume = threading.Event(), threading.Event()
@@ -421,7 +428,7 @@ def test_generate_interactive_and_the_hub_with_two_workers(trained_checkpoints, 
         # the call's workers stay until the next call starts its own: one call's at a time
         workers_of_the_first_call = set(multiprocessing.active_children())
         assert len(workers_of_the_first_call) == (2 if count == 2 else 0)
-        assert hub.translate(lines[:6], beam=3) == translations[count][:6]
+        assert hub.translate(lines, beam=3) == translations[count]
         now = set(multiprocessing.active_children())
         assert len(now) == len(workers_of_the_first_call) and not now & workers_of_the_first_call
         workers.end_pools_left_behind()
