@@ -39,8 +39,12 @@ def keep_large_blocks_in_the_heap():
     one (``packed_linear``), allocates its output on every call (no
     ``out=``), and faulting the int8 output projection's 10 MB back in on
     every step cost more than its int8 product saved (at the small preset:
-    slower than float32). Raise both thresholds to glibc's maximum,
-    once per process; elsewhere (not glibc) nothing changes."""
+    slower than float32). Serve blocks up to glibc's maximum (32 MB) from
+    the heap, and keep up to as much free at its top, once per process;
+    elsewhere (not glibc) nothing changes. (A larger free top, kept as the
+    heap's blocks are freed and reused, let a worker's memory climb by
+    that much over its batches before glibc gave it back: a long run's
+    memory went up and down by hundreds of MB.)"""
     if getattr(keep_large_blocks_in_the_heap, "done", False):
         return
     keep_large_blocks_in_the_heap.done = True
@@ -49,8 +53,9 @@ def keep_large_blocks_in_the_heap():
     except OSError:
         return
     m_trim_threshold, m_mmap_threshold = -1, -3
-    libc.mallopt(m_mmap_threshold, 32 * 1024 * 1024)
-    libc.mallopt(m_trim_threshold, 256 * 1024 * 1024)
+    largest = 32 * 1024 * 1024
+    libc.mallopt(m_mmap_threshold, largest)
+    libc.mallopt(m_trim_threshold, largest)
 
 
 def cpu_has_amx() -> bool:

@@ -6,6 +6,10 @@ restored on leaving, even when the block fails; oneDNN's products (float32
 packed, bfloat16, int8) on rows padded to few sizes. (The search over every
 architecture: tests/unit/test_beam_search.py.)"""
 
+import platform
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch import nn
@@ -117,3 +121,32 @@ def test_onednn_products_run_on_few_row_counts_and_give_each_rows_own_output():
         assert rows not in (1, 2, 4) or padded == rows
     assert len(set(seen[:512])) == 51 and len(set(seen)) == 67
     assert wrapped(torch.randn(3, 7, 4), weight).shape == (3, 7, 5)
+
+
+HEAP_PROBE = """
+import ctypes, sys
+from fairseq_hardattn.decoding.int8 import keep_large_blocks_in_the_heap
+
+def resident_mb():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2 ** 20
+
+keep_large_blocks_in_the_heap()
+before = resident_mb()
+blocks = [bytearray(b"x" * (4 << 20)) for _ in range(40)]  # 160 MB in 4 MB blocks: the heap's, not mmap's
+held = resident_mb()
+del blocks
+print(held - before, resident_mb() - before)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc",
+                    reason="glibc's allocator")
+def test_blocks_kept_in_the_heap_are_given_back_past_32_mb_free():
+    """A step's large outputs stay in the heap (not re-faulted each step), but
+    what a process frees beyond 32 MB at the heap's top goes back to the
+    system: a long run's memory does not climb by hundreds of MB."""
+    out = subprocess.run([sys.executable, "-c", HEAP_PROBE], capture_output=True, text=True, check=True)
+    held, after = map(float, out.stdout.split())
+    assert held > 150, out.stdout
+    assert after < 40, out.stdout
