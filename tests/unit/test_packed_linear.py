@@ -124,7 +124,6 @@ def test_onednn_products_run_on_few_row_counts_and_give_each_rows_own_output():
 
 
 HEAP_PROBE = """
-import ctypes, sys
 from fairseq_hardattn.decoding.int8 import keep_large_blocks_in_the_heap
 
 def resident_mb():
