@@ -124,18 +124,16 @@ def test_onednn_products_run_on_few_row_counts_and_give_each_rows_own_output():
 
 
 HEAP_PROBE = """
+import os
 from fairseq_hardattn.decoding.int8 import keep_large_blocks_in_the_heap
-
-def resident_mb():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096 / 2 ** 20
+from fairseq_hardattn.tools.process_memory import pss_mb
 
 keep_large_blocks_in_the_heap()
-before = resident_mb()
+before = pss_mb(os.getpid())
 blocks = [bytearray(b"x" * (4 << 20)) for _ in range(40)]  # 160 MB in 4 MB blocks: the heap's, not mmap's
-held = resident_mb()
+held = pss_mb(os.getpid())
 del blocks
-print(held - before, resident_mb() - before)
+print(held - before, pss_mb(os.getpid()) - before)
 """
 
 
