@@ -52,6 +52,9 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--text", required=True, help="source-language text to draw the corpus from")
     p.add_argument("--lines", type=int, default=100000)
+    p.add_argument("--lowercase", action="store_true",
+                   help="lowercase the corpus, for a model trained on lowercased text (Multi30k's tok/): "
+                        "cased words would reach it as many rare subwords")
     p.add_argument("--data", required=True, help="the trained model's data-bin")
     p.add_argument("--path", required=True, help="the trained fairseq transformer checkpoint")
     p.add_argument("--bpe-codes", required=True)
@@ -82,9 +85,10 @@ def log(message):
     print(f"[benchmark_corpus] {message}", file=sys.stderr, flush=True)
 
 
-def make_corpus(text: str, lines: int, path: Path, seed: int = 1):
-    """``lines`` lines of ``text``, repeated as needed, shuffled."""
-    pool = [line for line in Path(text).read_text(encoding="utf-8").splitlines() if line.strip()]
+def make_corpus(text: str, lines: int, path: Path, seed: int = 1, lowercase: bool = False):
+    """``lines`` lines of ``text``, repeated as needed, shuffled (and lowercased)."""
+    text = Path(text).read_text(encoding="utf-8")
+    pool = [line for line in (text.lower() if lowercase else text).splitlines() if line.strip()]
     rng = random.Random(seed)
     drawn = []
     while len(drawn) < lines:
@@ -259,7 +263,7 @@ def main(argv=None):
         models.append((f"random {dims}", checkpoint, converted(random_model, dims), args.random_length, lines))
     corpus_lines = max(m[4] for m in models)
     full = work / "corpus.src"
-    make_corpus(args.text, corpus_lines, full)
+    make_corpus(args.text, corpus_lines, full, lowercase=args.lowercase)
     log(f"corpus: {corpus_lines:,} lines from {args.text}")
     record = {"settings": vars(args), "cores": os.cpu_count(), "runs": []}
     for name, checkpoint, ct2_dir, length, model_lines in models:

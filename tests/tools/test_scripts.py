@@ -107,6 +107,23 @@ def test_benchmark_random_weights_side_by_side(tmp_path):
     assert "[benchmark]" in proc.stderr  # progress
 
 
+def test_benchmark_corpus_lowercases_the_lines_it_draws(tmp_path):
+    """--lowercase: the same draw of lines, lowercased (the input of a model
+    trained on lowercased text)."""
+    bench = module_at("scripts/benchmark_corpus.py")
+    text = tmp_path / "text.de"
+    text.write_text("Ein Mann läuft.\n\nZwei Hunde im Schnee.\nÜber der Stadt.\n", encoding="utf-8")
+    cased, lowered = tmp_path / "cased", tmp_path / "lowered"
+    bench.make_corpus(str(text), 7, cased)
+    bench.make_corpus(str(text), 7, lowered, lowercase=True)
+    drawn = cased.read_text(encoding="utf-8").splitlines()
+    assert len(drawn) == 7 and set(drawn) == {"Ein Mann läuft.", "Zwei Hunde im Schnee.", "Über der Stadt."}
+    assert lowered.read_text(encoding="utf-8").splitlines() == [line.lower() for line in drawn]
+    assert bench.parse_args(["--text", "t", "--data", "d", "--path", "p", "--bpe-codes", "c",
+                             "--bpe-vocabulary", "v", "--source-lang", "de", "--target-lang", "en",
+                             "--lowercase"]).lowercase
+
+
 def test_benchmark_caps_output_length_as_fairseq_generate(tmp_path):
     """--max-len-a/--max-len-b bound every output as fairseq-generate's do
     (random weights rarely end early); with --fixed-output-len they are an error."""
