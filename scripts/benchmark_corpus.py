@@ -236,11 +236,15 @@ def interactive_texts(path: Path):
 
 
 def growth_after(samples, lines=10000):
-    """The memory's largest growth over its value once ``lines`` were done."""
-    after = [(mb, done) for _, mb, done in samples if done is not None and done >= lines]
+    """The memory's growth after ``lines`` were done: its largest sample since,
+    over its largest while the lines done first counted ``lines`` or more
+    (``research/corpus_memory.py``'s reading: within a buffer the memory moves
+    with the batches, and one sample may fall where the workers hold least)."""
+    after = [(done, mb) for _, mb, done in samples if done is not None and done >= lines]
     if len(after) < 2:
         return None
-    return max(mb for mb, _ in after) / after[0][0] - 1
+    base = max(mb for done, mb in after if done == after[0][0])
+    return max(mb for _, mb in after) / base - 1
 
 
 def main(argv=None):

@@ -124,6 +124,17 @@ def test_benchmark_corpus_lowercases_the_lines_it_draws(tmp_path):
                              "--lowercase"]).lowercase
 
 
+def test_benchmark_corpus_reads_the_growth_from_the_largest_samples(tmp_path):
+    """The growth after 10,000 lines: the largest sample since over the largest
+    of the buffer that reached 10,000, not over its first sample, which may
+    fall where the workers hold least."""
+    bench = module_at("scripts/benchmark_corpus.py")
+    samples = [(0.0, 400.0, 5000), (2.0, 450.0, 10000), (4.0, 600.0, 10000), (6.0, 612.0, 15000),
+               (8.0, 580.0, 20000)]
+    assert bench.growth_after(samples) == pytest.approx(612 / 600 - 1)
+    assert bench.growth_after(samples[:2]) is None
+
+
 def test_benchmark_caps_output_length_as_fairseq_generate(tmp_path):
     """--max-len-a/--max-len-b bound every output as fairseq-generate's do
     (random weights rarely end early); with --fixed-output-len they are an error."""
