@@ -28,7 +28,8 @@ from torch import nn  # noqa: E402
 from torch.utils import benchmark  # noqa: E402
 
 from fairseq_hardattn.decoding import packed_linear  # noqa: E402
-from fairseq_hardattn.decoding.int8 import keep_large_blocks_in_the_heap, pack_int8, packing_engines  # noqa: E402
+from fairseq_hardattn.decoding.heap import keep_large_blocks_in_the_heap  # noqa: E402
+from fairseq_hardattn.decoding.int8 import pack_int8, packing_engines  # noqa: E402
 from fairseq_hardattn.tools.fixtures import device_name  # noqa: E402
 from fairseq_hardattn.tools.reporting import write_outputs  # noqa: E402
 

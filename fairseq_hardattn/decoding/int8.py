@@ -10,7 +10,6 @@ Applied when fairseq's tools prepare the model for decoding
 (``prepare_for_inference_``); a quantized model decodes only."""
 
 import contextlib
-import ctypes
 import logging
 import warnings
 
@@ -18,6 +17,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
+from .heap import keep_large_blocks_in_the_heap
 from .row_shapes import in_few_shapes
 
 logger = logging.getLogger(__name__)
@@ -31,31 +31,6 @@ def check_int8_decoding(model, cfg=None):
                           "on the CPU, or on the GPU without it")
     if getattr(getattr(cfg, "common", None), "fp16", False):
         raise ConfigError("--int8-decoding and --fp16 exclude each other: choose one")
-
-
-def keep_large_blocks_in_the_heap():
-    """glibc serves blocks over 128 KB-32 MB with fresh pages from the system
-    and returns them on free: an int8 Linear, like oneDNN's packed float32
-    one (``packed_linear``), allocates its output on every call (no
-    ``out=``), and faulting the int8 output projection's 10 MB back in on
-    every step cost more than its int8 product saved (at the small preset:
-    slower than float32). Serve blocks up to glibc's maximum (32 MB) from
-    the heap, and keep up to as much free at its top, once per process;
-    elsewhere (not glibc) nothing changes. (A larger free top, kept as the
-    heap's blocks are freed and reused, let a worker's memory climb by
-    that much over its batches before glibc gave it back: a long run's
-    memory went up and down by hundreds of MB.)"""
-    if getattr(keep_large_blocks_in_the_heap, "done", False):
-        return
-    keep_large_blocks_in_the_heap.done = True
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return
-    m_trim_threshold, m_mmap_threshold = -1, -3
-    largest = 32 * 1024 * 1024
-    libc.mallopt(m_mmap_threshold, largest)
-    libc.mallopt(m_trim_threshold, largest)
 
 
 def cpu_has_amx() -> bool:

@@ -28,7 +28,7 @@ from typing import Set
 import torch
 from torch import nn
 
-from .int8 import keep_large_blocks_in_the_heap
+from .heap import keep_large_blocks_in_the_heap
 from .row_shapes import in_few_shapes
 
 # a weight packs from 256 x 256 elements: below it (the small preset's layers)
