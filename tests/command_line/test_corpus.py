@@ -65,6 +65,22 @@ def test_one_output_line_per_input_line_as_fairseq_interactive_translates_it(tra
     assert "Traceback" not in proc.stderr
 
 
+def test_cased_lines_for_a_model_without_capitals_are_warned_about_once(trained_checkpoints, reorder_data,
+                                                                        sources, tmp_path):
+    """The tiny task's dictionary has no capital letters: mostly cased input
+    (a model trained on lowercased text given raw text) is named in one
+    warning, and translated all the same; lowercase input is not."""
+    cased, lowered = tmp_path / "cased.txt", tmp_path / "lowered.txt"
+    cased.write_text("\n".join(line.upper() for line in sources[:9]) + "\n")
+    lowered.write_text("\n".join(sources[:9]) + "\n")
+    proc = translate(reorder_data, trained_checkpoints["hard"], cased, tmp_path / "cased.out", "--buffer-size", 4)
+    assert proc.stderr.count("warning: the model's source dictionary has no capital letters") == 1
+    assert f"4 of 4 lines from line 1 of {cased} have some" in proc.stderr
+    assert len((tmp_path / "cased.out").read_text().splitlines()) == 9
+    proc = translate(reorder_data, trained_checkpoints["hard"], lowered, tmp_path / "lowered.out")
+    assert "capital letters" not in proc.stderr
+
+
 def test_killed_at_random_moments_and_run_again_the_output_of_a_run_never_stopped(trained_checkpoints,
                                                                                  reorder_data, sources, tmp_path):
     """SIGKILL twice and SIGTERM once at random moments (loading,
