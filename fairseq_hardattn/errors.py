@@ -155,6 +155,23 @@ def report_error(exc_type, exc, tb, _previous=sys.excepthook):
     print(f"fairseq-hardattn: error: {line}", file=sys.stderr)
 
 
+def cased_input_warning(dictionary, lines, first_line: int, where: str):
+    """The one-line warning where a model that learned from lowercased text
+    (no capital letter in its source ``dictionary``) is given ``lines`` of
+    which at least half have some: cased words reach it as rare subwords,
+    and it translates them worse and slower. None otherwise."""
+    lines = [line for line in lines if line.strip()]
+    if not lines or any(symbol != symbol.lower() for symbol in dictionary.symbols):
+        return None
+    cased = sum(line != line.lower() for line in lines)
+    if 2 * cased < len(lines):
+        return None
+    return (f"fairseq-hardattn: warning: the model's source dictionary has no capital letters, but {cased:,} "
+            f"of {len(lines):,} lines from line {first_line + 1} of {where} have some: a model trained on "
+            f"lowercased text reads cased words as rare subwords and translates them worse and slower; "
+            f"lowercase the input")
+
+
 def data_dir(task):
     """The data directory a task reads its dictionaries from, if it says."""
     return getattr(getattr(task, "cfg", None), "data", None) or getattr(

@@ -101,7 +101,8 @@ def install_for_command_line():
     import fairseq_cli.interactive
 
     _wrap(fairseq_cli.interactive, "make_batches",
-          lambda make_batches: batches.read_ahead(batches.long_lines_skipped(make_batches)))
+          lambda make_batches: batches.read_ahead(batches.long_lines_skipped(
+              batches.cased_input_named(make_batches))))
     _wrap(fairseq_cli.generate, "_main", batches.shards_honoured)
     _wrap(fairseq_cli.interactive, "main", batches.shards_refused)
     command_line.quiet_fairseq_noise()

@@ -10,7 +10,9 @@
   sites look the function up on the module at call time).
 - fairseq-interactive's lines: a line longer than the model's source
   positions ended the whole run ("Size of sample #0 is invalid");
-  ``long_lines_skipped`` names it and the run goes on. Its batches can
+  ``long_lines_skipped`` names it and the run goes on. Cased lines for a
+  model that learned from lowercased text are named in one warning
+  (``cased_input_named``). Its batches can
   be read ahead (``decoding.read_ahead``), so that the plugin's search
   decodes the next ones in worker processes meanwhile.
 - fairseq-generate's shards: it reads ``--num-shards`` / ``--shard-id`` and
@@ -27,6 +29,8 @@ import sys
 
 import numpy
 from fairseq.data import data_utils
+
+from ..errors import cased_input_warning
 
 _fairseq_batch_by_size = data_utils.batch_by_size
 
@@ -100,6 +104,28 @@ def long_lines_skipped(make_batches):
                     with open_dict(cfg):
                         cfg.dataset.skip_invalid_size_inputs_valid_test = False
                 return
+        yield from make_batches(lines, cfg, task, max_positions, encode_fn)
+
+    return batches
+
+
+def cased_input_named(make_batches):
+    """Wrap fairseq-interactive's ``make_batches``: where the model learned
+    from lowercased text and the first lines read are mostly cased, one
+    warning says so (``errors.cased_input_warning``); they are translated
+    as given."""
+    checked, lines_read = [False], [0]  # across the calls of this run
+
+    @functools.wraps(make_batches)
+    def batches(lines, cfg, task, max_positions, encode_fn):
+        first_line, lines_read[0] = lines_read[0], lines_read[0] + len(lines)
+        if not checked[0] and any(line.strip() for line in lines):
+            checked[0] = True
+            source = cfg.interactive.input
+            warning = cased_input_warning(task.source_dictionary, lines, first_line,
+                                          "the standard input" if source == "-" else source)
+            if warning:
+                print(warning, file=sys.stderr, flush=True)
         yield from make_batches(lines, cfg, task, max_positions, encode_fn)
 
     return batches

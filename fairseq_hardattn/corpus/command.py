@@ -30,7 +30,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from ..errors import ConfigError
+from ..errors import ConfigError, cased_input_warning
 from . import lines as input_lines
 from .parts import Parts
 
@@ -337,8 +337,7 @@ class Translator:
         self.strip = get_symbols_to_strip_from_output(self.generator)
         # read once: an option read through OmegaConf costs microseconds a line
         self.post_process = cfg.common_eval.post_process
-        # a source dictionary without capitals: the model learned from lowercased text
-        self.check_case = all(symbol == symbol.lower() for symbol in task.source_dictionary.symbols)
+        self.check_case = True  # (the first lines read, once)
 
     def encode(self, line: str) -> str:
         if self.tokenizer is not None:
@@ -364,7 +363,10 @@ class Translator:
         output = ChunkOutput(index, first, len(lines))
         kept = [i for i, line in enumerate(lines) if line]
         if self.check_case and kept:
-            self.warn_if_cased([lines[i] for i in kept], first, path)
+            self.check_case = False
+            warning = cased_input_warning(self.task.source_dictionary, [lines[i] for i in kept], first, path)
+            if warning:
+                print(warning, file=sys.stderr, flush=True)
         tokens, lengths = self.task.get_interactive_tokens_and_lengths([lines[i] for i in kept], self.encode)
         limit, fitting = self.source_limit(), []
         for i, n in zip(kept, lengths):
@@ -391,17 +393,6 @@ class Translator:
             sample["id"] = line_of[sample["id"]]
             samples.append(sample)
         return output, samples
-
-    def warn_if_cased(self, lines: List[str], first: int, path: str):
-        """One warning, from the first lines read, where a model without
-        capitals in its source dictionary is given mostly cased lines."""
-        self.check_case = False
-        cased = sum(line != line.lower() for line in lines)
-        if 2 * cased >= len(lines):
-            print(f"fairseq-hardattn: warning: the model's source dictionary has no capital letters, but "
-                  f"{cased:,} of {len(lines):,} lines from line {first + 1} of {path} have some: a model "
-                  f"trained on lowercased text reads cased words as rare subwords and translates them worse "
-                  f"and slower; lowercase the input", file=sys.stderr, flush=True)
 
     def texts(self, sample, translations) -> List[str]:
         from fairseq import utils

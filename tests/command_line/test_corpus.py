@@ -69,7 +69,8 @@ def test_cased_lines_for_a_model_without_capitals_are_warned_about_once(trained_
                                                                         sources, tmp_path):
     """The tiny task's dictionary has no capital letters: mostly cased input
     (a model trained on lowercased text given raw text) is named in one
-    warning, and translated all the same; lowercase input is not."""
+    warning, by the corpus command and by fairseq-interactive, and translated
+    all the same; lowercase input is not."""
     cased, lowered = tmp_path / "cased.txt", tmp_path / "lowered.txt"
     cased.write_text("\n".join(line.upper() for line in sources[:9]) + "\n")
     lowered.write_text("\n".join(sources[:9]) + "\n")
@@ -79,6 +80,12 @@ def test_cased_lines_for_a_model_without_capitals_are_warned_about_once(trained_
     assert len((tmp_path / "cased.out").read_text().splitlines()) == 9
     proc = translate(reorder_data, trained_checkpoints["hard"], lowered, tmp_path / "lowered.out")
     assert "capital letters" not in proc.stderr
+    # fairseq-interactive with the plugin, its lines one at a time (--buffer-size 1)
+    proc = interactive(reorder_data, trained_checkpoints["hard"], ["", *(line.upper() for line in sources[:3])])
+    assert proc.returncode == 0 and len(LINE.findall(proc.stdout)) == 4  # (the empty line too)
+    assert proc.stderr.count("warning: the model's source dictionary has no capital letters, but 1 of 1 "
+                             "lines from line 2 of the standard input have some") == 1
+    assert "capital letters" not in interactive(reorder_data, trained_checkpoints["hard"], sources[:3]).stderr
 
 
 def test_killed_at_random_moments_and_run_again_the_output_of_a_run_never_stopped(trained_checkpoints,
