@@ -156,7 +156,7 @@ def report_error(exc_type, exc, tb, _previous=sys.excepthook):
 
 
 def cased_input_warning(dictionary, lines, first_line: int, where: str):
-    """The one-line warning where a model that learned from lowercased text
+    """The warning where a model that learned from lowercased text
     (no capital letter in its source ``dictionary``) is given ``lines`` of
     which at least half have some: cased words reach it as rare subwords,
     and it translates them worse and slower. None otherwise."""
@@ -166,10 +166,9 @@ def cased_input_warning(dictionary, lines, first_line: int, where: str):
     cased = sum(line != line.lower() for line in lines)
     if 2 * cased < len(lines):
         return None
-    return (f"fairseq-hardattn: warning: the model's source dictionary has no capital letters, but {cased:,} "
-            f"of {len(lines):,} lines from line {first_line + 1} of {where} have some: a model trained on "
-            f"lowercased text reads cased words as rare subwords and translates them worse and slower; "
-            f"lowercase the input")
+    return (f"the model's source dictionary has no capital letters, but {cased:,} of {len(lines):,} lines "
+            f"from line {first_line + 1} of {where} have some: a model trained on lowercased text reads "
+            f"cased words as rare subwords and translates them worse and slower; lowercase the input")
 
 
 def data_dir(task):

@@ -125,7 +125,7 @@ def cased_input_named(make_batches):
             warning = cased_input_warning(task.source_dictionary, lines, first_line,
                                           "the standard input" if source == "-" else source)
             if warning:
-                print(warning, file=sys.stderr, flush=True)
+                print(f"fairseq-hardattn: warning: {warning}", file=sys.stderr, flush=True)
         yield from make_batches(lines, cfg, task, max_positions, encode_fn)
 
     return batches

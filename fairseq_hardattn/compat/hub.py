@@ -22,10 +22,11 @@ these checks: the plugin changes nothing of fairseq's own functions there.
 """
 
 import os
+import warnings
 
 from fairseq import hub_utils
 
-from ..errors import ConfigError
+from ..errors import ConfigError, cased_input_warning
 from .generation import token_ids_as_integers
 
 
@@ -91,10 +92,21 @@ class CheckedHub(hub_utils.GeneratorHubInterface):
     string = token_ids_as_integers(hub_utils.GeneratorHubInterface.string)
 
     def translate(self, sentences, *args, **kwargs):
-        return super().translate(_sentences_checked("translate", sentences), *args, **kwargs)
+        return super().translate(self._case_checked(_sentences_checked("translate", sentences)), *args, **kwargs)
 
     def sample(self, sentences, *args, **kwargs):
-        return super().sample(_sentences_checked("sample", sentences), *args, **kwargs)
+        return super().sample(self._case_checked(_sentences_checked("sample", sentences)), *args, **kwargs)
+
+    def _case_checked(self, sentences):
+        """``sentences``, with one warning on the first call where the model
+        learned from lowercased text and they are mostly cased."""
+        if not self.__dict__.get("case_checked"):
+            self.__dict__["case_checked"] = True
+            warning = cased_input_warning(self.src_dict, [sentences] if isinstance(sentences, str) else sentences,
+                                          0, "the sentences given")
+            if warning:
+                warnings.warn(warning, stacklevel=3)
+        return sentences
 
 
 def from_pretrained(model_name_or_path, checkpoint_file="model.pt", data_name_or_path=".", **kwargs):

@@ -366,7 +366,7 @@ class Translator:
             self.check_case = False
             warning = cased_input_warning(self.task.source_dictionary, [lines[i] for i in kept], first, path)
             if warning:
-                print(warning, file=sys.stderr, flush=True)
+                print(f"fairseq-hardattn: warning: {warning}", file=sys.stderr, flush=True)
         tokens, lengths = self.task.get_interactive_tokens_and_lengths([lines[i] for i in kept], self.encode)
         limit, fitting = self.source_limit(), []
         for i, n in zip(kept, lengths):

@@ -160,6 +160,27 @@ def test_the_hub_takes_a_str_or_a_list_of_str_and_names_anything_else(trained_ch
     assert hub.translate(iter(["s1 s2"]), beam=2, max_len_b=MAX_LEN_B) == [one]
 
 
+def test_the_hub_warns_once_about_cased_sentences_for_a_model_without_capitals(trained_checkpoints,
+                                                                            reorder_data):
+    """The tiny task's dictionary has no capital letters: the hub's first call
+    given mostly cased sentences warns once, and translates them as given."""
+    import warnings
+
+    hard = trained_checkpoints["hard"]
+    hub = fairseq_hardattn.from_pretrained(str(hard.parent), checkpoint_file=hard.name,
+                                           data_name_or_path=str(reorder_data), user_dir=USER_DIR)
+    with pytest.warns(UserWarning, match="no capital letters, but 2 of 2 lines from line 1 of the sentences"):
+        cased = hub.translate(["S1 S2", "S4 S5 S6"], beam=2, max_len_b=MAX_LEN_B)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert hub.sample("S1 S2", beam=2, max_len_b=MAX_LEN_B)  # (once a hub)
+        fresh = fairseq_hardattn.from_pretrained(str(hard.parent), checkpoint_file=hard.name,
+                                                 data_name_or_path=str(reorder_data), user_dir=USER_DIR)
+        assert fresh.translate(["s1 s2", "s4 s5 s6"], beam=2, max_len_b=MAX_LEN_B)
+    assert not [w for w in seen if "capital letters" in str(w.message)]
+    assert len(cased) == 2
+
+
 def test_the_hubs_text_of_token_ids_is_fairseqs_from_the_ids_as_ints(trained_checkpoints, reorder_data,
                                                                     monkeypatch):
     """The plugin's hub hands ``Dictionary.string`` a hypothesis's ids as
