@@ -237,7 +237,7 @@ class _NativeLayers:
                 return None
             caches.append((keys, saved_state["lineage_values"]))
             cross_state = layer.encoder_attn._get_input_buffer(incremental_state)
-            sources.append(lineage._source(cross_state, _source_padding(cross_state), rows))
+            sources.append(lineage.cached_source(cross_state, _source_padding(cross_state), rows))
         return kernels.decoder_step(x.contiguous(), self.records, caches, sources, self.scalars, self.pre_norm,
                                     lineage.ancestors, lineage.length, self.last_norm, self.variant,
                                     self.functions)

@@ -116,9 +116,9 @@ class Lineage:
         and the projections around it compute."""
         return kernels.cross_attention_sublayer(
             x, residual, weights, module.num_heads, module.head_dim, module.scaling, MODES[module.lineage_mode],
-            getattr(module, "k", 0), self._source(saved_state, padding, x.size(0)), functions)
+            getattr(module, "k", 0), self.cached_source(saved_state, padding, x.size(0)), functions)
 
-    def _source(self, saved_state: Dict[str, Tensor], padding: Optional[Tensor], rows: int):
+    def cached_source(self, saved_state: Dict[str, Tensor], padding: Optional[Tensor], rows: int):
         """The kernel's source part of cross-attention's cached encoder K/V for ``rows`` hypotheses."""
         sentences = saved_state.get(decoding_step.SOURCE_SENTENCES)
         if sentences is None:  # (from now on finished sentences leave this table, not the caches)
@@ -135,7 +135,7 @@ class Lineage:
         them: q (bsz*heads, 1, head_dim) unscaled; padding (cached sentences,
         src_len) or None. Returns (bsz*heads, 1, head_dim)."""
         return _kernel_step(module, q, module.lineage_mode,
-                            source=self._source(saved_state, padding, q.size(0) // module.num_heads))
+                            source=self.cached_source(saved_state, padding, q.size(0) // module.num_heads))
 
     def window_attention(self, module, q: Tensor, k: Tensor, v: Tensor, padding: Optional[Tensor],
                          centres: Tensor, kv_bsz: int) -> Tensor:
