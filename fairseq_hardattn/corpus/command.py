@@ -362,12 +362,13 @@ class Translator:
 
         output = ChunkOutput(index, first, len(lines))
         kept = [i for i, line in enumerate(lines) if line]
+        texts = [lines[i] for i in kept]
         if self.check_case and kept:
             self.check_case = False
-            warning = cased_input_warning(self.task.source_dictionary, [lines[i] for i in kept], first, path)
+            warning = cased_input_warning(self.task.source_dictionary, texts, first, path)
             if warning:
                 print(f"fairseq-hardattn: warning: {warning}", file=sys.stderr, flush=True)
-        tokens, lengths = self.task.get_interactive_tokens_and_lengths([lines[i] for i in kept], self.encode)
+        tokens, lengths = self.task.get_interactive_tokens_and_lengths(texts, self.encode)
         limit, fitting = self.source_limit(), []
         for i, n in zip(kept, lengths):
             if n > limit:
