@@ -1,5 +1,5 @@
 """Where the plugin works around fairseq's own behaviour, by concern
-(``checkpoints``, ``batches``, ``generation``, ``command_line``, ``hub``):
+(``checkpoints``, ``batches``, ``generation``, ``text``, ``command_line``, ``hub``):
 each part says which fairseq behaviour it changes and why, and is pinned by a
 test (``tests/command_line/test_fairseq_compat.py`` and the first-contact tests).
 
@@ -14,8 +14,8 @@ What applies when:
   ``install_for_command_line`` replaces fairseq's functions where they fail
   a user (checkpoints and overrides, the last batch, fairseq-generate's
   shards and fairseq-interactive's refused, n-gram blocking, half
-  precision on a CPU, fairseq-interactive's lines, the printed text's
-  token ids) and installs the
+  precision on a CPU, fairseq-interactive's lines, the cost of the text
+  read and printed) and installs the
   command's one-line errors, help, signal handling and quiet warnings.
 - ``loading()``: the checkpoint checks around one load, undone after it
   (``fairseq_hardattn.from_pretrained``).
@@ -33,9 +33,10 @@ import torch
 from fairseq import checkpoint_utils, ngram_repeat_block
 from fairseq.data import data_utils, dictionary
 from fairseq.models import fairseq_model
+from fairseq.tasks import fairseq_task
 
 from ..errors import report_error
-from . import batches, checkpoints, command_line, generation
+from . import batches, checkpoints, command_line, generation, text
 from .checkpoints import plain_args  # noqa: F401  (the models' options as they are saved)
 from .command_line import running_a_fairseq_command
 
@@ -94,7 +95,10 @@ def install_for_command_line():
     data_utils.batch_by_size = batches.batch_by_size
     _wrap(ngram_repeat_block.NGramRepeatBlock, "_no_repeat_ngram", generation.generated_tokens_only)
     _wrap(fairseq_model.BaseFairseqModel, "prepare_for_inference_", generation.cpu_precision_checked)
-    _wrap(dictionary.Dictionary, "string", generation.token_ids_as_integers)
+    _wrap(dictionary.Dictionary, "string", text.token_ids_as_integers)
+    _wrap(dictionary.Dictionary, "encode_line", text.words_looked_up_at_once)
+    _wrap(fairseq_task.FairseqTask, "build_tokenizer", text.options_read_once)
+    _wrap(fairseq_task.FairseqTask, "build_bpe", text.options_read_once)
     _wrap(argparse.ArgumentParser, "error", command_line.one_line_usage_errors)
     _wrap(argparse.ArgumentParser, "parse_known_args", command_line.model_options_in_help)
     import fairseq_cli.generate

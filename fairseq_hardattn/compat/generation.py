@@ -10,12 +10,6 @@
   hypotheses, several times slower) and ``--bf16`` is not applied by
   fairseq's decoding tools at all: both stop in one line
   (``cpu_precision_checked``).
-- The text of every source, reference and hypothesis that fairseq-generate
-  and fairseq-interactive print: ``Dictionary.string`` walks a tensor of
-  token ids one 0-d tensor at a time, which cost fairseq-generate's loop
-  several times the engine's decoding of a large set.
-  ``token_ids_as_integers`` hands it the ids as a list of ints: the same
-  text, character for character.
 """
 
 import functools
@@ -32,21 +26,6 @@ def generated_tokens_only(no_repeat_ngram):
     def blocked(self, tokens, lprobs, bsz: int, beam_size: int, step: int):
         return no_repeat_ngram(self, tokens[:, : step + 1], lprobs, bsz, beam_size, step)
     return blocked
-
-
-_INTEGER_TYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
-
-
-def token_ids_as_integers(string):
-    """Wrap ``Dictionary.string(tensor, ...)``: a 1-D integer tensor is read
-    as the list of its ids (a 2-D one is a line per row, each row through
-    this wrapper again)."""
-    @functools.wraps(string)
-    def text(self, tensor, *args, **kwargs):
-        if torch.is_tensor(tensor) and tensor.dim() == 1 and tensor.dtype in _INTEGER_TYPES:
-            tensor = tensor.tolist()
-        return string(self, tensor, *args, **kwargs)
-    return text
 
 
 def cpu_precision_checked(prepare_for_inference):

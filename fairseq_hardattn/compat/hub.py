@@ -13,7 +13,7 @@ first-contact mistakes stopped in one line.
   ``TypeError`` naming what was passed.
 - The text of a hypothesis's token ids (``string``, which ``decode`` calls)
   hands them to ``Dictionary.string`` as ints, as the plugin does in
-  fairseq's commands (``generation.token_ids_as_integers``): fairseq walks a
+  fairseq's commands (``text.token_ids_as_integers``): fairseq walks a
   tensor one 0-d tensor per id. The same text.
 
 fairseq's own ``TransformerModel.from_pretrained(..., user_dir=...)`` loads the
@@ -27,7 +27,7 @@ import warnings
 from fairseq import hub_utils
 
 from ..errors import ConfigError, cased_input_warning
-from .generation import token_ids_as_integers
+from .text import token_ids_as_integers
 
 
 def _check_paths(model_dir, checkpoint_file, data):

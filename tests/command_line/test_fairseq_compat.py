@@ -13,7 +13,7 @@ from fairseq import checkpoint_utils, ngram_repeat_block
 from fairseq.sequence_generator import SequenceGenerator
 
 from fairseq_hardattn import compat
-from fairseq_hardattn.compat import command_line, generation
+from fairseq_hardattn.compat import command_line, generation, text
 
 from conftest import REPO, USER_DIR, decisive_model, make_dictionary, random_batch, run_cli, tool_env, train
 
@@ -205,7 +205,7 @@ def test_printed_text_is_fairseqs_own_from_a_list_of_the_ids():
         d.add_symbol(word)
     d.bos_index = d.bos()  # (a dictionary with a BOS drops it too)
     string = Dictionary.string
-    wrapped = generation.token_ids_as_integers(string)
+    wrapped = text.token_ids_as_integers(string)
     ids = [d.index(w) for w in ("a@@", "b", "c@@", "d")] + [d.unk(), d.bos(), d.pad(), d.index("e"), d.eos()]
     options = [dict(), dict(bpe_symbol="subword_nmt"), dict(escape_unk=True), dict(unk_string="<?>"),
                dict(extra_symbols_to_ignore=[d.index("e")]), dict(include_eos=True), dict(separator="_"),
@@ -220,3 +220,53 @@ def test_printed_text_is_fairseqs_own_from_a_list_of_the_ids():
     assert wrapped(d, ids) == string(d, ids)  # a list, as it was
     assert string(d, torch.tensor(ids), escape_unk=True).split()[4] == "<<unk>>"  # the options did change it
     assert cases == 3 * 2 * len(options)
+
+
+def test_sources_read_are_fairseqs_own_ids_looked_up_at_once():
+    """fairseq-interactive's ``encode_line`` set each id of its tensor one at
+    a time; looked up as a list, the ids and their type are fairseq's for
+    every option, and the options that add words or watch them still go
+    through fairseq's loop."""
+    from fairseq.data import Dictionary
+
+    d = Dictionary()
+    for word in ("a@@", "b", "c"):
+        d.add_symbol(word)
+    encode_line = Dictionary.encode_line
+    wrapped = text.words_looked_up_at_once(encode_line)
+    lines = ["a@@ b c", "  b   zz\ta@@  ", "", "c", "unseen words only"]
+    options = [dict(add_if_not_exist=False), dict(add_if_not_exist=False, append_eos=False),
+               dict(add_if_not_exist=False, reverse_order=True),
+               dict(add_if_not_exist=False, line_tokenizer=lambda line: line.split("@@"))]
+    for line in lines:
+        for kwargs in options:
+            expected, found = encode_line(d, line, **kwargs), wrapped(d, line, **kwargs)
+            assert found.dtype == expected.dtype == torch.int32 and found.tolist() == expected.tolist(), (line, kwargs)
+    assert wrapped(d, "b zz", add_if_not_exist=False).tolist() == [d.index("b"), d.unk(), d.eos()]
+    seen = []
+    assert wrapped(d, "b c", add_if_not_exist=False, append_eos=False, consumer=lambda w, i: seen.append((w, i))).tolist() == [
+        d.index("b"), d.index("c")]
+    assert seen == [("b", d.index("b")), ("c", d.index("c"))]
+    assert "new" not in d.indices and wrapped(d, "new b", add_if_not_exist=True).tolist()[0] == d.index("new")
+
+
+def test_a_tokenizers_options_are_read_once_as_their_dataclass():
+    """fairseq's Moses tokenizer read two options through OmegaConf on every
+    line; built by the wrapped task, it holds them as its plain dataclass,
+    the values and the tokens unchanged."""
+    from fairseq.data.encoders.moses_tokenizer import MosesTokenizerConfig
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq.tasks.fairseq_task import FairseqTask
+    from omegaconf import DictConfig
+
+    from fairseq import options
+
+    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_generation_parser(interactive=True), [
+        "data-bin", "--tokenizer", "moses", "--source-lang", "de", "--target-lang", "en", "--moses-no-escape"]))
+    build = text.options_read_once(FairseqTask.build_tokenizer)
+    plain, fairseqs = build(None, cfg.tokenizer), FairseqTask.build_tokenizer(None, cfg.tokenizer)
+    assert isinstance(fairseqs.cfg, DictConfig) and isinstance(plain.cfg, MosesTokenizerConfig)
+    assert plain.cfg.moses_no_escape is True and plain.cfg.moses_no_dash_splits is False
+    line = "Ein \"Hund\" läuft über die Straße-Brücke & bellt."
+    assert plain.encode(line) == fairseqs.encode(line) and "&" in plain.encode(line)
+    assert build(None, cfg.bpe) is None  # (no --bpe)
