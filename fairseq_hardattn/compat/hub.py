@@ -14,7 +14,9 @@ first-contact mistakes stopped in one line.
 - The text of a hypothesis's token ids (``string``, which ``decode`` calls)
   hands them to ``Dictionary.string`` as ints, as the plugin does in
   fairseq's commands (``text.token_ids_as_integers``): fairseq walks a
-  tensor one 0-d tensor per id. The same text.
+  tensor one 0-d tensor per id. The same text. A sentence's ids
+  (``binarize``) are looked up as a list and its tokenizer keeps its options
+  as a plain dataclass, as in the commands too (``text``): the same ids.
 
 fairseq's own ``TransformerModel.from_pretrained(..., user_dir=...)`` loads the
 plugin's checkpoints too (they decode with the plugin's engine), without
@@ -24,10 +26,14 @@ these checks: the plugin changes nothing of fairseq's own functions there.
 import os
 import warnings
 
+import torch
 from fairseq import hub_utils
+from fairseq.data import Dictionary
 
 from ..errors import ConfigError, cased_input_warning
-from .text import token_ids_as_integers
+from .text import token_ids_as_integers, with_plain_options, words_looked_up_at_once
+
+_looked_up_at_once = words_looked_up_at_once(Dictionary.encode_line)
 
 
 def _check_paths(model_dir, checkpoint_file, data):
@@ -90,6 +96,16 @@ class CheckedHub(hub_utils.GeneratorHubInterface):
     they are given, and whose ``string`` reads the ids as ints."""
 
     string = token_ids_as_integers(hub_utils.GeneratorHubInterface.string)
+
+    def __init__(self, cfg, task, models):
+        super().__init__(cfg, task, models)
+        with_plain_options(self.tokenizer)
+        with_plain_options(self.bpe)
+
+    def binarize(self, sentence: str) -> torch.LongTensor:
+        if type(self.src_dict).encode_line is not Dictionary.encode_line:  # (its own, or wrapped already)
+            return super().binarize(sentence)
+        return _looked_up_at_once(self.src_dict, sentence, add_if_not_exist=False).long()
 
     def translate(self, sentences, *args, **kwargs):
         return super().translate(self._case_checked(_sentences_checked("translate", sentences)), *args, **kwargs)

@@ -13,6 +13,8 @@ the CPU next to the engine's workers.
 - fairseq's Moses tokenizer reads two of its options through OmegaConf on
   every line. ``options_read_once`` gives a tokenizer or BPE built by the
   task its options as a plain dataclass: the same values.
+
+The plugin's hub reads its sentences the same way (``hub.CheckedHub``).
 """
 
 import dataclasses
@@ -59,14 +61,19 @@ def words_looked_up_at_once(encode_line):
     return encoded
 
 
+def with_plain_options(encoder):
+    """``encoder`` (a tokenizer or BPE, or None), its options (``cfg``) made
+    the plain dataclass they were declared as."""
+    options = getattr(encoder, "cfg", None)
+    if isinstance(options, DictConfig) and dataclasses.is_dataclass(OmegaConf.get_type(options)):
+        encoder.cfg = OmegaConf.to_object(options)
+    return encoder
+
+
 def options_read_once(build):
     """Wrap ``FairseqTask.build_tokenizer`` / ``build_bpe``: the object built
-    keeps its options (``cfg``) as the plain dataclass they were declared as."""
+    keeps its options as a plain dataclass (``with_plain_options``)."""
     @functools.wraps(build)
     def built(self, cfg):
-        encoder = build(self, cfg)
-        options = getattr(encoder, "cfg", None)
-        if isinstance(options, DictConfig) and dataclasses.is_dataclass(OmegaConf.get_type(options)):
-            encoder.cfg = OmegaConf.to_object(options)
-        return encoder
+        return with_plain_options(build(self, cfg))
     return built

@@ -208,6 +208,24 @@ def test_the_hubs_text_of_token_ids_is_fairseqs_from_the_ids_as_ints(trained_che
     assert torch.is_tensor(given[-1])  # (fairseq's own hub: the tensor)
 
 
+def test_the_hubs_ids_of_a_sentence_are_fairseqs_looked_up_at_once(trained_checkpoints, reorder_data):
+    """The plugin's hub looks a sentence's words up as a list (fairseq's set
+    its tensor one id at a time): the same ids, unknown words and EOS
+    included, and the same translations as fairseq's way."""
+    from fairseq import hub_utils
+
+    hard = trained_checkpoints["hard"]
+    hub = fairseq_hardattn.from_pretrained(str(hard.parent), checkpoint_file=hard.name,
+                                           data_name_or_path=str(reorder_data), user_dir=USER_DIR)
+    for sentence in ("s1 s2 s3 s9 s4", "s1 unseen  s2", ""):
+        ids, fairseqs = hub.binarize(sentence), hub_utils.GeneratorHubInterface.binarize(hub, sentence)
+        assert ids.dtype == fairseqs.dtype == torch.long and ids.tolist() == fairseqs.tolist()
+    assert hub.binarize("s1 unseen").tolist() == [hub.src_dict.index("s1"), hub.src_dict.unk(), hub.src_dict.eos()]
+    translations = hub.translate(["s1 s2", "s4 s5 s6"], beam=2, max_len_b=MAX_LEN_B)
+    hub.binarize = lambda sentence: hub_utils.GeneratorHubInterface.binarize(hub, sentence)
+    assert hub.translate(["s1 s2", "s4 s5 s6"], beam=2, max_len_b=MAX_LEN_B) == translations
+
+
 def test_a_line_too_long_for_the_model_is_named_and_the_session_goes_on(trained_checkpoints, reorder_data):
     lines = ["s1 s2", "s4 s5", "s3 " * 1100, "s7 s8"]
     proc = interactive(reorder_data, trained_checkpoints["hard"], lines, "--buffer-size", 2)
