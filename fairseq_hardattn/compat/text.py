@@ -23,6 +23,7 @@ import functools
 import torch
 from fairseq.data import dictionary
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 _INTEGER_TYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
@@ -63,10 +64,15 @@ def words_looked_up_at_once(encode_line):
 
 def with_plain_options(encoder):
     """``encoder`` (a tokenizer or BPE, or None), its options (``cfg``) made
-    the plain dataclass they were declared as."""
+    the plain dataclass they were declared as; left as they are where one is
+    missing or does not resolve (the encoder reads it as before, or fails as
+    before)."""
     options = getattr(encoder, "cfg", None)
     if isinstance(options, DictConfig) and dataclasses.is_dataclass(OmegaConf.get_type(options)):
-        encoder.cfg = OmegaConf.to_object(options)
+        try:
+            encoder.cfg = OmegaConf.to_object(options)
+        except OmegaConfBaseException:
+            pass
     return encoder
 
 

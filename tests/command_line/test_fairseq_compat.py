@@ -2,12 +2,14 @@
 around, where each applies (a fairseq command, ``compat.loading``, never a
 plain import), and the TensorBoard logging a fairseq user expects."""
 
+import dataclasses
 import re
 import struct
 import subprocess
 import sys
 import warnings
 
+import omegaconf
 import torch
 from fairseq import checkpoint_utils, ngram_repeat_block
 from fairseq.sequence_generator import SequenceGenerator
@@ -270,3 +272,16 @@ def test_a_tokenizers_options_are_read_once_as_their_dataclass():
     line = "Ein \"Hund\" läuft über die Straße-Brücke & bellt."
     assert plain.encode(line) == fairseqs.encode(line) and "&" in plain.encode(line)
     assert build(None, cfg.bpe) is None  # (no --bpe)
+
+    @dataclasses.dataclass
+    class Options:
+        needed: str = omegaconf.MISSING
+        other: int = 1
+
+    class Encoder:
+        def __init__(self, cfg):
+            self.cfg = cfg
+
+    unresolved = Encoder(omegaconf.OmegaConf.structured(Options))
+    assert text.with_plain_options(unresolved) is unresolved and isinstance(unresolved.cfg, DictConfig)
+    assert unresolved.cfg.other == 1  # (left as it was: the encoder reads it as before)
