@@ -101,9 +101,10 @@ class CheckedHub(hub_utils.GeneratorHubInterface):
         super().__init__(cfg, task, models)
         with_plain_options(self.tokenizer)
         with_plain_options(self.bpe)
+        self.case_checked = False  # (the first sentences given, once)
 
     def binarize(self, sentence: str) -> torch.LongTensor:
-        if type(self.src_dict).encode_line is not Dictionary.encode_line:  # (its own, or wrapped already)
+        if type(self.src_dict).encode_line is not Dictionary.encode_line:  # (a dictionary's own encode_line)
             return super().binarize(sentence)
         return _looked_up_at_once(self.src_dict, sentence, add_if_not_exist=False).long()
 
@@ -116,8 +117,8 @@ class CheckedHub(hub_utils.GeneratorHubInterface):
     def _case_checked(self, sentences):
         """``sentences``, with one warning on the first call where the model
         learned from lowercased text and they are mostly cased."""
-        if not self.__dict__.get("case_checked"):
-            self.__dict__["case_checked"] = True
+        if not self.case_checked:
+            self.case_checked = True
             warning = cased_input_warning(self.src_dict, [sentences] if isinstance(sentences, str) else sentences,
                                           0, "the sentences given")
             if warning:
