@@ -52,6 +52,58 @@ static inline void add_scaled(float *out, const float *v, float w, int64_t n) {
     for (int64_t d = 0; d < n; ++d) out[d] += w * v[d];
 }
 
+/* A group of at most HEAD_GROUP heads' unscaled scores over the source,
+ * from the transposed keys of their sentence (heads, dim, blocks of BLOCK
+ * positions): the heads' sums run side by side (independent chains of
+ * additions), each position's in the order of its dims, as one head's alone. */
+enum { HEAD_GROUP = 4 };
+static inline __attribute__((always_inline)) void source_scores(const float *query, const float *keys_t,
+                                                                int64_t first_head, int64_t group, int64_t dim,
+                                                                int64_t blocks, int64_t src_len,
+                                                                int64_t row_len, float *scores) {
+    for (int64_t b = 0; b < blocks; ++b) {
+        float sums[HEAD_GROUP][BLOCK] = {{0}};
+        for (int64_t d = 0; d < dim; ++d) {
+            for (int64_t g = 0; g < group; ++g) {
+                const float qd = query[(first_head + g) * dim + d];
+                const float *column = keys_t + (((first_head + g) * dim + d) * blocks + b) * BLOCK;
+#pragma omp simd
+                for (int64_t j = 0; j < BLOCK; ++j) sums[g][j] += qd * column[j];
+            }
+        }
+        const int64_t end = (b + 1) * BLOCK < src_len ? BLOCK : src_len - b * BLOCK;
+        for (int64_t g = 0; g < group; ++g)
+            for (int64_t j = 0; j < end; ++j) scores[(first_head + g) * row_len + b * BLOCK + j] = sums[g][j];
+    }
+}
+
+/* out += the sum over positions s with weight w[s] != 0 of w[s] times the
+ * value at s: values + s * stride, through a lineage where `ancestors` is
+ * given (+ ancestors[s] * row_stride). Position by position, as add_scaled
+ * would, but summed in a local row, which the compiler keeps in registers
+ * rather than storing and loading `out` at every position. */
+enum { MAX_SUMMED_DIM = 128 };
+static inline __attribute__((always_inline)) void weighted_values(float *out, const float *values, int64_t stride,
+                                                                  const int64_t *ancestors, int64_t row_stride,
+                                                                  const float *w, int64_t n, int64_t dim) {
+#define VALUE_AT(s) (values + (s) * stride + (ancestors ? ancestors[s] * row_stride : 0))
+    if (dim > MAX_SUMMED_DIM) {
+        for (int64_t s = 0; s < n; ++s)
+            if (w[s] != 0.0f) add_scaled(out, VALUE_AT(s), w[s], dim);
+        return;
+    }
+    float sum[MAX_SUMMED_DIM];
+    for (int64_t d = 0; d < dim; ++d) sum[d] = out[d];
+    for (int64_t s = 0; s < n; ++s) {
+        if (w[s] == 0.0f) continue;
+        const float ws = w[s], *v = VALUE_AT(s);
+#pragma omp simd
+        for (int64_t d = 0; d < dim; ++d) sum[d] += ws * v[d];
+    }
+    for (int64_t d = 0; d < dim; ++d) out[d] = sum[d];
+#undef VALUE_AT
+}
+
 #define STEP_PARAMETERS                                                                          \
     int64_t heads, int64_t dim, const float *src_keys, const float *src_keys_t,                   \
         const float *src_values, int64_t sentence_stride, int64_t head_stride,                    \
@@ -70,7 +122,11 @@ static inline void add_scaled(float *out, const float *v, float w, int64_t n) {
 static inline __attribute__((always_inline)) int attend_rows_body(int64_t first, int64_t end,
                                                                    const float *q, STEP_PARAMETERS) {
     const int64_t positions = src_len + length;
-    float *scores = malloc(heads * positions * sizeof *scores); /* [head][position]: scores, then weights */
+    /* a head's row rounded up to whole vectors, -inf beyond `positions`: the
+     * softmax's loops then run in vectors only (a short row would otherwise
+     * run entirely in the vectorised loop's scalar remainder) */
+    const int64_t row_len = (positions + BLOCK - 1) / BLOCK * BLOCK;
+    float *scores = malloc(heads * row_len * sizeof *scores); /* [head][position]: scores, then weights */
     if (!scores) return 2;
     int64_t kept[MAX_K];
     float kept_scores[MAX_K];
@@ -91,7 +147,7 @@ static inline __attribute__((always_inline)) int attend_rows_body(int64_t first,
                 const float *head_keys = sentence_keys + h * head_stride;
                 const float *head_values = sentence_values + h * head_stride;
                 const float centre = centres[r * heads + h];
-                float *row = scores + h * positions;
+                float *row = scores + h * row_len;
                 /* the window, a position wider each side: |s - c| <= window decides */
                 int64_t first = (int64_t)floorf(centre - window) - 1, last = (int64_t)ceilf(centre + window) + 1;
                 first = first < 0 ? 0 : first;
@@ -145,33 +201,26 @@ static inline __attribute__((always_inline)) int attend_rows_body(int64_t first,
         /* unscaled scores; padded source positions -inf. Soft and top-k read
          * the transposed keys: 16 positions' scores as one vector, summed
          * over dims, no reduction per position */
-        for (int64_t h = 0; h < heads && src_len; ++h) {
-            float *row = scores + h * positions;
-            const float *head_query = query + h * dim;
-            const float *keys_t = src_keys_t + (sentence * heads + h) * dim * src_blocks * BLOCK;
-            for (int64_t b = 0; b < src_blocks; ++b) {
-                float sums[BLOCK] = {0};
-                for (int64_t d = 0; d < dim; ++d) {
-                    const float qd = head_query[d];
-                    const float *column = keys_t + (d * src_blocks + b) * BLOCK;
-#pragma omp simd
-                    for (int64_t j = 0; j < BLOCK; ++j) sums[j] += qd * column[j];
-                }
-                const int64_t end = (b + 1) * BLOCK < src_len ? BLOCK : src_len - b * BLOCK;
-                for (int64_t j = 0; j < end; ++j) row[b * BLOCK + j] = sums[j];
-            }
+        if (src_len) {
+            const float *sentence_keys_t = src_keys_t + sentence * heads * dim * src_blocks * BLOCK;
+            int64_t h = 0;
+            for (; h + HEAD_GROUP <= heads; h += HEAD_GROUP)
+                source_scores(query, sentence_keys_t, h, HEAD_GROUP, dim, src_blocks, src_len, row_len, scores);
+            if (h < heads)
+                source_scores(query, sentence_keys_t, h, heads - h, dim, src_blocks, src_len, row_len, scores);
             if (padding)
-                for (int64_t s = 0; s < src_len; ++s)
-                    if (padding[s]) row[s] = -INFINITY;
+                for (int64_t hh = 0; hh < heads; ++hh)
+                    for (int64_t s = 0; s < src_len; ++s)
+                        if (padding[s]) scores[hh * row_len + s] = -INFINITY;
         }
         for (int64_t t = 0; t < length; ++t) {
             const float *at = keys + t * position_stride + anc[t] * block;
             for (int64_t h = 0; h < heads; ++h)
-                scores[h * positions + src_len + t] = dot(query + h * dim, at + h * dim, dim);
+                scores[h * row_len + src_len + t] = dot(query + h * dim, at + h * dim, dim);
         }
         /* per head: the weights over positions */
         for (int64_t h = 0; h < heads; ++h) {
-            float *row = scores + h * positions;
+            float *row = scores + h * row_len;
             int64_t n = 0;
             if (mode == TOPK) { /* the k largest, descending, earlier first on ties */
                 int64_t want = k < positions ? k : positions;
@@ -183,37 +232,32 @@ static inline __attribute__((always_inline)) int attend_rows_body(int64_t first,
                 for (int64_t s = 0; s < positions; ++s) row[s] = -INFINITY;
                 for (int64_t j = 0; j < n; ++j) row[kept[j]] = kept_scores[j];
             }
+            for (int64_t s = positions; s < row_len; ++s) row[s] = -INFINITY;
             float max = -INFINITY;
-            for (int64_t s = 0; s < positions; ++s) max = row[s] > max ? row[s] : max;
+            for (int64_t s = 0; s < row_len; ++s) max = row[s] > max ? row[s] : max;
             if (max == -INFINITY) { /* nothing to attend to: zeros */
                 for (int64_t s = 0; s < positions; ++s) row[s] = 0.0f;
                 continue;
             }
             float total = 0.0f;
 #pragma omp simd reduction(+ : total)
-            for (int64_t s = 0; s < positions; ++s) {
+            for (int64_t s = 0; s < row_len; ++s) {
                 row[s] = exp_nonpositive((row[s] - max) * scale);
                 total += row[s];
             }
             const float inverse = 1.0f / total;
 #pragma omp simd
-            for (int64_t s = 0; s < positions; ++s) row[s] *= inverse;
+            for (int64_t s = 0; s < row_len; ++s) row[s] *= inverse;
         }
         /* the weighted values */
         for (int64_t h = 0; h < heads && src_len; ++h) {
-            const float *row = scores + h * positions;
+            const float *row = scores + h * row_len;
             const float *head_values = sentence_values + h * head_stride;
-            for (int64_t s = 0; s < src_len; ++s) {
-                if (row[s] != 0.0f) add_scaled(o + h * dim, head_values + s * src_position_stride, row[s], dim);
-            }
+            weighted_values(o + h * dim, head_values, src_position_stride, 0, 0, row, src_len, dim);
         }
-        for (int64_t t = 0; t < length; ++t) {
-            const float *at = values + t * position_stride + anc[t] * block;
-            for (int64_t h = 0; h < heads; ++h) {
-                const float w = scores[h * positions + src_len + t];
-                if (w != 0.0f) add_scaled(o + h * dim, at + h * dim, w, dim);
-            }
-        }
+        for (int64_t h = 0; h < heads && length; ++h)
+            weighted_values(o + h * dim, values + h * dim, position_stride, anc, block,
+                            scores + h * row_len + src_len, length, dim);
     }
     free(scores);
     return 0;

@@ -400,10 +400,13 @@ def test_finished_hypotheses_are_read_back_along_the_pointers(step):
                                  scores.double())
 
 
-@pytest.mark.parametrize("dim", [8, 32, 64])  # (32 and 64: the kernel's instances for those head sizes)
+# (32 and 64: the kernel's instances for those head sizes; 160: wider than it sums in registers)
+@pytest.mark.parametrize("dim", [8, 32, 64, 160])
+# (5 heads: a group of four scored side by side and one more; 21 + 12 positions: three vectors' rows)
+@pytest.mark.parametrize("heads, src_len, length", [(2, 5, 7), (5, 21, 12)])
 @pytest.mark.parametrize("parts", ["lineage", "source", "both"])
 @pytest.mark.parametrize("mode", ["soft", "hard", "topk"])
-def test_the_step_kernel_attends_the_encoder_and_each_hypothesis_history(mode, parts, dim):
+def test_the_step_kernel_attends_the_encoder_and_each_hypothesis_history(mode, parts, heads, src_len, length, dim):
     """step_attention.c against PyTorch: the keys and values of the
     hypothesis's sentence (padding skipped; a time-major cache's strides; the
     sentence found through a table, where the caches still hold sentences
@@ -412,7 +415,7 @@ def test_the_step_kernel_attends_the_encoder_and_each_hypothesis_history(mode, p
     from fairseq_hardattn.decoding.lineage import MODES
 
     g = torch.Generator().manual_seed(7)
-    capacity, rows0, heads, rows, length, group, src_len = 9, 6, 2, 6, 7, 3, 5
+    capacity, rows0, rows, group = 13, 6, 6, 3
     q = torch.randn(rows, heads, dim, generator=g)
     gathered_k, gathered_v, visible, source, lineage = [], [], [], None, None
     if parts != "lineage":
