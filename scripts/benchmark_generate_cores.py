@@ -122,10 +122,11 @@ def generate_rate(args, work, overrides=None, threads=None):
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     out = subprocess.run(command, capture_output=True, text=True, env=env)
-    found = re.search(r"Translated ([\d,]+) sentences .* in ([\d.]+)s", out.stdout + out.stderr)
+    # (its rate, not sentences / its time: the time is printed to a tenth of a second)
+    found = re.search(r"Translated [\d,]+ sentences .* in [\d.]+s \(([\d.]+) sentences/s", out.stdout + out.stderr)
     if not found:
         raise SystemExit("benchmark_generate_cores: fairseq-generate failed: " + out.stderr[-600:])
-    return int(found.group(1).replace(",", "")) / float(found.group(2))
+    return float(found.group(1))
 
 
 CT2_RUN = """
