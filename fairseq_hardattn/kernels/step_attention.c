@@ -104,6 +104,43 @@ static inline __attribute__((always_inline)) void weighted_values(float *out, co
 #undef VALUE_AT
 }
 
+/* A head's scores (`positions` of them, in a row of `row_len`, a whole
+ * number of vectors) made its weights: soft attention's softmax of the
+ * scaled scores, or top-k's over its k largest (earlier first on ties);
+ * padded source positions (s < src_len) skipped; zeros where nothing is
+ * left to attend to. */
+static inline __attribute__((always_inline)) void row_weights(float *row, int64_t positions, int64_t row_len,
+                                                              int64_t src_len, const uint8_t *padding, int mode,
+                                                              int64_t k, float scale) {
+    if (mode == TOPK) { /* the k largest, descending, earlier first on ties */
+        int64_t kept[MAX_K];
+        float kept_scores[MAX_K];
+        int64_t n = 0, want = k < positions ? k : positions;
+        for (int64_t s = 0; s < positions; ++s) {
+            if (s < src_len && padding && padding[s]) continue;
+            if (n < want || row[s] > kept_scores[want - 1]) sorted_insert(kept_scores, kept, &n, want, row[s], s);
+        }
+        for (int64_t s = 0; s < positions; ++s) row[s] = -INFINITY;
+        for (int64_t j = 0; j < n; ++j) row[kept[j]] = kept_scores[j];
+    }
+    for (int64_t s = positions; s < row_len; ++s) row[s] = -INFINITY;
+    float max = -INFINITY;
+    for (int64_t s = 0; s < row_len; ++s) max = row[s] > max ? row[s] : max;
+    if (max == -INFINITY) { /* nothing to attend to: zeros */
+        for (int64_t s = 0; s < positions; ++s) row[s] = 0.0f;
+        return;
+    }
+    float total = 0.0f;
+#pragma omp simd reduction(+ : total)
+    for (int64_t s = 0; s < row_len; ++s) {
+        row[s] = exp_nonpositive((row[s] - max) * scale);
+        total += row[s];
+    }
+    const float inverse = 1.0f / total;
+#pragma omp simd
+    for (int64_t s = 0; s < row_len; ++s) row[s] *= inverse;
+}
+
 #define STEP_PARAMETERS                                                                          \
     int64_t heads, int64_t dim, const float *src_keys, const float *src_keys_t,                   \
         const float *src_values, int64_t sentence_stride, int64_t head_stride,                    \
@@ -128,8 +165,6 @@ static inline __attribute__((always_inline)) int attend_rows_body(int64_t first,
     const int64_t row_len = (positions + BLOCK - 1) / BLOCK * BLOCK;
     float *scores = malloc(heads * row_len * sizeof *scores); /* [head][position]: scores, then weights */
     if (!scores) return 2;
-    int64_t kept[MAX_K];
-    float kept_scores[MAX_K];
     const int64_t position_stride = rows0 * heads * dim, block = heads * dim;
     const int64_t src_blocks = (src_len + BLOCK - 1) / BLOCK;
     for (int64_t r = first; r < end; ++r) {
@@ -219,36 +254,8 @@ static inline __attribute__((always_inline)) int attend_rows_body(int64_t first,
                 scores[h * row_len + src_len + t] = dot(query + h * dim, at + h * dim, dim);
         }
         /* per head: the weights over positions */
-        for (int64_t h = 0; h < heads; ++h) {
-            float *row = scores + h * row_len;
-            int64_t n = 0;
-            if (mode == TOPK) { /* the k largest, descending, earlier first on ties */
-                int64_t want = k < positions ? k : positions;
-                for (int64_t s = 0; s < positions; ++s) {
-                    if (s < src_len && padding && padding[s]) continue;
-                    if (n < want || row[s] > kept_scores[want - 1])
-                        sorted_insert(kept_scores, kept, &n, want, row[s], s);
-                }
-                for (int64_t s = 0; s < positions; ++s) row[s] = -INFINITY;
-                for (int64_t j = 0; j < n; ++j) row[kept[j]] = kept_scores[j];
-            }
-            for (int64_t s = positions; s < row_len; ++s) row[s] = -INFINITY;
-            float max = -INFINITY;
-            for (int64_t s = 0; s < row_len; ++s) max = row[s] > max ? row[s] : max;
-            if (max == -INFINITY) { /* nothing to attend to: zeros */
-                for (int64_t s = 0; s < positions; ++s) row[s] = 0.0f;
-                continue;
-            }
-            float total = 0.0f;
-#pragma omp simd reduction(+ : total)
-            for (int64_t s = 0; s < row_len; ++s) {
-                row[s] = exp_nonpositive((row[s] - max) * scale);
-                total += row[s];
-            }
-            const float inverse = 1.0f / total;
-#pragma omp simd
-            for (int64_t s = 0; s < row_len; ++s) row[s] *= inverse;
-        }
+        for (int64_t h = 0; h < heads; ++h)
+            row_weights(scores + h * row_len, positions, row_len, src_len, padding, mode, k, scale);
         /* the weighted values */
         for (int64_t h = 0; h < heads && src_len; ++h) {
             const float *row = scores + h * row_len;
