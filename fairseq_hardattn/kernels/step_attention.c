@@ -238,7 +238,7 @@ static inline __attribute__((always_inline)) int attend_rows_body(int64_t first,
          * over dims, no reduction per position */
         if (src_len) {
             const float *sentence_keys_t = src_keys_t + sentence * heads * dim * src_blocks * BLOCK;
-            int64_t h = 0;
+            int64_t h = 0; /* whole groups, their size a constant (their sums then stay in registers), then the rest */
             for (; h + HEAD_GROUP <= heads; h += HEAD_GROUP)
                 source_scores(query, sentence_keys_t, h, HEAD_GROUP, dim, src_blocks, src_len, row_len, scores);
             if (h < heads)
