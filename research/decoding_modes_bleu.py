@@ -5,6 +5,11 @@ layers, int8, and int8 with a shortlist; fairseq-generate (beam 4,
 ``--remove-bpe``, its default batches) on the validation and test sets,
 tokenized lowercased BLEU against tokenized references. K is chosen on
 validation: the smallest whose BLEU is within 0.2 of the exact engine's.
+Beside each difference, its 95% interval under paired bootstrap resampling
+of the sentences: how much of it the set can tell from chance. And for
+each mode how many translations differ from the exact engine's, and its
+runaways: translations three times their reference's length or more (a
+repetition loop), which move BLEU most.
 
 Example: research/decoding_modes_bleu.py --data work/deen/data-bin
     --path soft=work/deen/checkpoints/checkpoint_best.pt --shortlist work/deen/vmap.txt
@@ -32,6 +37,8 @@ def parse_args(argv=None):
     p.add_argument("--tok-ref", action="append", required=True, metavar="SUBSET=FILE",
                    help="tokenized lowercased references of a subset (valid=..., test=...)")
     p.add_argument("--no-bf16", action="store_true", help="leave bf16 out (a CPU without it)")
+    p.add_argument("--bootstrap", type=int, default=1000, metavar="N",
+                   help="resamplings for each difference's 95%% interval (default 1000; 0: none)")
     p.add_argument("--markdown")
     p.add_argument("--json")
     return p.parse_args(argv)
@@ -48,8 +55,9 @@ def modes(args):
     return found
 
 
-def bleu(args, checkpoint, subset, reference, overrides):
-    from fairseq_hardattn.tools.scoring import read_hypotheses, tokenized_bleu
+def decode(args, checkpoint, subset, overrides):
+    """The lowercased hypotheses of fairseq-generate on ``subset``."""
+    from fairseq_hardattn.tools.scoring import read_hypotheses
 
     proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "fairseq-generate"), args.data,
                            "--user-dir", os.path.join(REPO, "fairseq_hardattn"), "--path", checkpoint,
@@ -57,30 +65,50 @@ def bleu(args, checkpoint, subset, reference, overrides):
                            "--model-overrides", repr(overrides)], capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"decoding_modes_bleu: fairseq-generate failed:\n{proc.stderr[-2000:]}")
-    return tokenized_bleu([h.lower() for h in read_hypotheses(proc.stdout)], reference)
+    return [h.lower() for h in read_hypotheses(proc.stdout)]
+
+
+def runaways(hyps, reference):
+    """How many of ``hyps`` are three times their reference's tokens or more."""
+    with open(reference, encoding="utf-8") as f:
+        return sum(len(h.split()) >= 3 * max(len(r.split()), 1) for h, r in zip(hyps, f))
 
 
 def main(argv=None):
     from fairseq_hardattn.tools.reporting import write_outputs
+    from fairseq_hardattn.tools.scoring import paired_bootstrap, tokenized_bleu
 
     args = parse_args(argv)
     references = dict(item.split("=", 1) for item in args.tok_ref)
     checkpoints = dict(item.split("=", 1) for item in args.path)
-    scores = {}
+    scores, exact_hyps, intervals, loops, changed = {}, {}, {}, {}, {}
     for name, checkpoint in checkpoints.items():
         for mode, overrides in modes(args).items():
             for subset, reference in references.items():
-                scores[name, mode, subset] = bleu(args, checkpoint, subset, reference, overrides)
+                hyps = decode(args, checkpoint, subset, overrides)
+                scores[name, mode, subset] = tokenized_bleu(hyps, reference)
+                loops[name, mode, subset] = runaways(hyps, reference)
+                if mode == "exact":
+                    exact_hyps[name, subset] = hyps
+                elif args.bootstrap:
+                    intervals[name, mode, subset] = paired_bootstrap(exact_hyps[name, subset], hyps, reference,
+                                                                     args.bootstrap)
+                changed[name, mode, subset] = sum(a != b for a, b in zip(exact_hyps[name, subset], hyps))
                 print(f"[decoding_modes_bleu] {name} {mode} {subset}: {scores[name, mode, subset]:.2f}",
                       file=sys.stderr, flush=True)
     subsets = list(references)
-    lines = [f"| model | mode | {' | '.join(f'{s} BLEU' for s in subsets)} | "
-             f"{' | '.join(f'{s} vs exact' for s in subsets)} |",
-             "|---|---|" + "---|" * (2 * len(subsets))]
+    columns = [f"{s} vs exact" for s in subsets] + ([f"{s}, 95% interval" for s in subsets] if args.bootstrap else [])
+    columns += [f"{s} changed" for s in subsets] + [f"{s} runaways" for s in subsets]
+    lines = [f"| model | mode | {' | '.join(f'{s} BLEU' for s in subsets)} | {' | '.join(columns)} |",
+             "|---|---|" + "---|" * (len(subsets) + len(columns))]
     for name in checkpoints:
         for mode in modes(args):
             row = [f"{scores[name, mode, s]:.2f}" for s in subsets]
             row += [f"{scores[name, mode, s] - scores[name, 'exact', s]:+.2f}" for s in subsets]
+            if args.bootstrap:
+                row += ["" if mode == "exact" else "[{:+.2f}, {:+.2f}]".format(*intervals[name, mode, s])
+                        for s in subsets]
+            row += [str(changed[name, mode, s]) for s in subsets] + [str(loops[name, mode, s]) for s in subsets]
             lines.append(f"| {name} | {mode} | {' | '.join(row)} |")
     lines.append("")
     chosen_on = subsets[0]
@@ -96,8 +124,11 @@ def main(argv=None):
                                                      for s in subsets))
             else:
                 lines.append(f"- {name}, {prefix}: no k within 0.2 of {base} on {chosen_on}")
-    write_outputs({" / ".join(key): value for key, value in scores.items()}, "\n".join(lines),
-                  args.json, args.markdown)
+    figures = {" / ".join(key): value for key, value in scores.items()}
+    figures.update({" / ".join(key) + " / 95% interval vs exact": list(value) for key, value in intervals.items()})
+    figures.update({" / ".join(key) + " / runaways": value for key, value in loops.items()})
+    figures.update({" / ".join(key) + " / changed": value for key, value in changed.items()})
+    write_outputs(figures, "\n".join(lines), args.json, args.markdown)
 
 
 if __name__ == "__main__":

@@ -13,8 +13,9 @@ import argparse
 import json
 import re
 import sys
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
+import numpy as np
 import sacrebleu
 
 # fairseq-generate's lines: S-id<TAB>source; H-/D-id<TAB>score<TAB>hypothesis
@@ -66,6 +67,27 @@ def tokenized_bleu(hyps: List[str], tok_ref_path: str) -> float:
     # force: the output is tokenized on purpose here (sacreBLEU would warn)
     metric = sacrebleu.metrics.BLEU(tokenize="none", lowercase=True, force=True)
     return metric.corpus_score(hyps, [refs]).score
+
+
+def paired_bootstrap(baseline: List[str], system: List[str], tok_ref_path: str, samples: int = 1000,
+                     seed: int = 12345) -> Tuple[float, float]:
+    """The 95% interval of ``system``'s tokenized BLEU minus ``baseline``'s,
+    from ``samples`` resamplings of the sentences, the same ones for both
+    (paired bootstrap, Koehn 2004): how far a difference between two decodes
+    of one test set is from what the set can tell apart."""
+    refs = _read_lines(tok_ref_path)
+    _check_lengths(baseline, refs, tok_ref_path)
+    _check_lengths(system, refs, tok_ref_path)
+    metric = sacrebleu.metrics.BLEU(tokenize="none", lowercase=True, force=True)
+    # per-sentence n-gram counts (sacreBLEU's own significance tests use these)
+    counts = [np.array(metric._extract_corpus_statistics(hyps, [refs]), dtype=np.int64)
+              for hyps in (baseline, system)]
+    picks = np.random.default_rng(seed).integers(0, len(refs), size=(samples, len(refs)))
+    differences = np.array([metric._compute_score_from_stats(list(counts[1][pick].sum(0))).score
+                            - metric._compute_score_from_stats(list(counts[0][pick].sum(0))).score
+                            for pick in picks])
+    low, high = np.percentile(differences, [2.5, 97.5])
+    return float(low), float(high)
 
 
 def detokenize(lines: List[str], lang: str) -> List[str]:

@@ -750,13 +750,32 @@ def test_decoding_modes_bleu_against_the_exact_engine(trained_checkpoints, reord
                     "--k", "4", "--frequent", "3"], env=tool_env(), check=True, capture_output=True)
     out = tmp_path / "modes.md"
     script("decoding_modes_bleu.py", "--data", reorder_data, "--path", f"hard={trained_checkpoints['hard']}",
-           "--shortlist", table, "--ks", 3, "--no-bf16", "--tok-ref",
+           "--shortlist", table, "--ks", 3, "--no-bf16", "--bootstrap", 50, "--tok-ref",
            f"test={reorder_data.parent / 'raw' / 'test.tgt'}", "--markdown", out)
     text = out.read_text()
-    for mode in ("exact", "int8", "shortlist k=3", "int8 + shortlist k=3"):
-        assert re.search(rf"^\| hard \| {re.escape(mode)} \| [\d.]+ \| [+-][\d.]+ \|$", text, re.M), mode
-    assert "| hard | exact | " in text and "+0.00 |" in text
+    assert re.search(r"^\| hard \| exact \| [\d.]+ \| \+0\.00 \|  \| 0 \| \d+ \|$", text, re.M), text
+    for mode in ("int8", "shortlist k=3", "int8 + shortlist k=3"):
+        row = re.search(rf"^\| hard \| {re.escape(mode)} \| [\d.]+ \| [+-][\d.]+ \| "
+                        r"\[([+-][\d.]+), ([+-][\d.]+)\] \| (\d+) \| (\d+) \|$", text, re.M)
+        assert row and float(row[1]) <= float(row[2]), (mode, text)
+        assert int(row[3]) <= TEST_SENTENCES and int(row[4]) <= TEST_SENTENCES, (mode, text)
     assert re.search(r"^- hard, shortlist: (k = 3 chosen on test|no k within 0.2)", text, re.M)
+
+
+def test_paired_bootstrap_brackets_the_difference_the_sentences_make(tmp_path):
+    """tools.scoring.paired_bootstrap: the same decodes differ by exactly 0;
+    a decode that gets every sentence right is better in every resampling,
+    and the interval turns over with the systems' order."""
+    from fairseq_hardattn.tools.scoring import paired_bootstrap, tokenized_bleu
+
+    refs = [f"a man number {i} rides a red bike down the street" for i in range(40)]
+    (tmp_path / "ref.tok").write_text("\n".join(refs) + "\n")
+    worse = [r if i % 2 else r.replace("red bike", "bike") for i, r in enumerate(refs)]
+    assert paired_bootstrap(worse, worse, tmp_path / "ref.tok", samples=200) == (0.0, 0.0)
+    low, high = paired_bootstrap(worse, refs, tmp_path / "ref.tok", samples=200)
+    gain = tokenized_bleu(refs, tmp_path / "ref.tok") - tokenized_bleu(worse, tmp_path / "ref.tok")
+    assert 0 < low <= gain <= high
+    assert paired_bootstrap(refs, worse, tmp_path / "ref.tok", samples=200) == pytest.approx((-high, -low))
 
 
 def test_real_data_peer_times_each_step_to_the_next_of_its_batch():
