@@ -17,6 +17,9 @@ $(STAMP): setup.py
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH_PIN)
 	$(PY) -m pip install -q -e .[test,plots]
+	# the native library, built now rather than by the first decoding (without a
+	# compiler: one line, and the plugin decodes with PyTorch's ops)
+	-$(PY) -m fairseq_hardattn.kernels
 	touch $(STAMP)
 
 demo: $(STAMP)

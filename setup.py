@@ -13,8 +13,9 @@ setup(
         "cross+self, average attention, flexible and local attention"
     ),
     packages=find_packages(include=["fairseq_hardattn", "fairseq_hardattn.*"]),
-    # C kernels are compiled on first use (fairseq_hardattn/kernels)
-    package_data={"fairseq_hardattn.kernels": ["*.c", "*.h"]},
+    # the native library is built against the installed PyTorch, by `make venv`
+    # or on first use (fairseq_hardattn/kernels/build.py)
+    package_data={"fairseq_hardattn.kernels": ["*.c", "*.cpp", "*.h"]},
     python_requires=">=3.10",
     install_requires=[
         FAIRSEQ_PIN,

@@ -36,7 +36,7 @@ import real_data_peer  # noqa: E402
 CATEGORIES = (
     ("matrix products: generated code (oneDNN's JIT)", lambda dso, sym: dso.startswith("[JIT]")),
     ("matrix products: library code (MKL, oneDNN)", lambda dso, sym: re.search(r"gemm|gemv|dnnl|mkl_", sym)),
-    ("the plugin's C kernels", lambda dso, sym: re.match(r"(step_attention|beam_candidates|flexible_band)-", dso)),
+    ("the plugin's native kernels", lambda dso, sym: dso.startswith("_native-")),
     ("Python's interpreter", lambda dso, sym: dso.startswith("libpython")),
     ("PyTorch's Python bindings", lambda dso, sym: dso.startswith("libtorch_python")),
     ("PyTorch's operators and dispatch", lambda dso, sym: re.match(r"lib(torch|c10)", dso)),

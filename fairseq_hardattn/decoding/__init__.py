@@ -21,6 +21,7 @@ import) runs a decoder's fixed-shape step and prepares a model for decoding.
 
 import logging
 
+from .. import kernels
 from ..errors import ConfigError
 from ..modules import decoding_step
 from . import engines, fixed_shape_step, read_ahead
@@ -131,6 +132,7 @@ class Engine:
         options ask for them (``int8_decoding``, ``bf16_decoding``,
         ``shortlist``), and what the first batch would import, imported now."""
         import_what_the_first_batch_imports()
+        kernels.native()  # (built or loaded now, not by the first batch)
         if getattr(model.args, "int8_decoding", False):
             check_int8_decoding(model, cfg)
             quantize_for_decoding(model)

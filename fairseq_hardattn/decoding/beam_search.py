@@ -32,6 +32,7 @@ a generator of its own (``sampling``).
 """
 
 import contextlib
+import logging
 import math
 from typing import Dict, List, Optional
 
@@ -43,13 +44,16 @@ from torch import Tensor, nn
 
 from .. import kernels
 from ..modules import decoding_step
-from . import direct_step, engines
+from ..modules.cached_projection import CachedProjectionAttention
+from . import direct_step, engines, native_search
 from .lineage import Lineage
 from .packed_linear import packed_linears
 from .read_ahead import sentence_ids
 from .sampling import SentenceDraws
 from .shortlist import restricted_projection
 from .workers import ParallelBatches
+
+logger = logging.getLogger(__name__)
 
 
 class PluginBeamSearch(ParallelBatches, SequenceGenerator):
@@ -83,8 +87,15 @@ class PluginBeamSearch(ParallelBatches, SequenceGenerator):
             return SequenceGenerator._generate(self, sample, prefix_tokens=prefix_tokens, bos_token=bos_token)
         with contextlib.ExitStack() as packing:
             # on a CPU, the large float32 Linear layers on oneDNN's prepacked kernels
-            steps = [StepLogits(model, packing.enter_context(packed_linears(model)))
-                     for model in self.model.models]
+            packed = [packing.enter_context(packed_linears(model)) for model in self.model.models]
+            models = self.model.models
+            why_not = native_search.why_not(self, models, sample["net_input"]["src_tokens"], prefix_tokens,
+                                            packed[0])
+            if why_not is None:
+                return sorted_by_score(native_search.search(self, models[0], sample, bos_token, packed[0],
+                                                            StepLogits.CANDIDATE_ROWS))
+            logger.debug("the Python search decodes this batch: the native search does not take %s", why_not)
+            steps = [StepLogits(model, layers) for model, layers in zip(models, packed)]
             return self._search(sample, prefix_tokens, bos_token, steps)
 
     def _search(self, sample: Dict[str, Dict[str, Tensor]], prefix_tokens: Optional[Tensor],
@@ -276,11 +287,7 @@ class PluginBeamSearch(ParallelBatches, SequenceGenerator):
                 tokens = tokens.index_select(0, order)
                 tokens[:, step + 1] = last
 
-        for sentence in finalized:
-            if len(sentence) > 1:
-                by_score = torch.tensor([float(h["score"].item()) for h in sentence])
-                sentence[:] = [sentence[i] for i in torch.sort(by_score, descending=True)[1]]
-        return finalized
+        return sorted_by_score(finalized)
 
     def _logits(self, steps: List["StepLogits"], prefix: Tensor, one_row: bool) -> Tensor:
         """The step's float32 logits (rows, vocabulary), at the search's
@@ -387,6 +394,15 @@ class PluginBeamSearch(ParallelBatches, SequenceGenerator):
         return logits, scores
 
 
+def sorted_by_score(finalized: List[List[Dict[str, Tensor]]]) -> List[List[Dict[str, Tensor]]]:
+    """Each sentence's hypotheses by score, best first (fairseq's order)."""
+    for sentence in finalized:
+        if len(sentence) > 1:
+            by_score = torch.tensor([float(h["score"].item()) for h in sentence])
+            sentence[:] = [sentence[i] for i in torch.sort(by_score, descending=True)[1]]
+    return finalized
+
+
 class StepLogits:
     """One model's part of one call: its encoder output (per sentence, and
     per hypothesis), its caches (the incremental state, the lineage on a CPU)
@@ -421,7 +437,7 @@ class StepLogits:
         src_tokens = net_input["src_tokens"]
         engine = getattr(self.decoder, "decoding_engine", "fairseq")
         if (engines.step_of(engine, src_tokens) == engines.LINEAGE_STEP
-                and any(getattr(m, "lineage_mode", None) for m in self.decoder.modules())):
+                and any(isinstance(m, CachedProjectionAttention) and m.kernel_mode for m in self.decoder.modules())):
             self.lineage = Lineage.start(self.incremental_state, rows, capacity)
             if direct_step.supports(self.decoder) is None:
                 self.direct = direct_step.DirectStep(self.decoder, capacity)
@@ -459,7 +475,7 @@ class StepLogits:
         return (not prefix.is_cuda and self.shortlisted is None
                 and getattr(self.decoder, "adaptive_softmax", None) is None
                 and getattr(self.decoder, "output_projection", None) in self.packed_layers
-                and kernels.beam_candidates_function() is not None)
+                and kernels.available())
 
     def candidates(self, prefix, one_per_sentence: bool, temperature: float, special: Tensor, adds: Tensor,
                    k: int):

@@ -45,14 +45,11 @@ from torch import Tensor, nn
 from torch.nn.modules import module as torch_module
 
 from .. import kernels
+from . import packed_linear
 from ..models.attention_kind_base import AttentionKindDecoder
 from ..modules import decoding_step
 from ..modules.cached_projection import CachedProjectionAttention
-from ..modules.soft_attention import SoftAttention
-from .lineage import EVERY_POSITION, MODES
 
-# the modules' forwards whose lineage step this one is
-_ATTENTION_FORWARDS = (CachedProjectionAttention.forward, SoftAttention.forward)
 _OPTIONAL_PARTS = ("c_attn", "attn_ln", "ffn_layernorm", "w_resid")
 
 
@@ -66,7 +63,7 @@ def supports(decoder) -> Optional[str]:
         return f"{kind.__name__} steps its own way"
     if decoder.quant_noise is not None or decoder.cross_self_attention:
         return "quant-noise or cross+self attention"
-    if _has_hooks(decoder):  # (direct calls would skip them)
+    if has_hooks(decoder):  # (direct calls would skip them)
         return "forward hooks on the decoder's modules"
     norms = [decoder.layernorm_embedding, decoder.layer_norm]
     for layer in decoder.layers:
@@ -76,8 +73,7 @@ def supports(decoder) -> Optional[str]:
                 or layer.cross_self_attention or layer.encoder_attn is None:
             return "a layer with optional parts or without cross-attention"
         for attention in (layer.self_attn, layer.encoder_attn):
-            if (type(attention).forward not in _ATTENTION_FORWARDS
-                    or getattr(attention, "lineage_mode", None) not in EVERY_POSITION):
+            if not (isinstance(attention, CachedProjectionAttention) and type(attention).native_step):
                 return f"{type(attention).__name__} attention"
         norms += [layer.self_attn_layer_norm, layer.encoder_attn_layer_norm, layer.final_layer_norm]
     if any(norm is not None and type(norm) is not nn.LayerNorm for norm in norms):
@@ -85,10 +81,11 @@ def supports(decoder) -> Optional[str]:
     return None
 
 
-def _has_hooks(decoder) -> bool:
+def has_hooks(module) -> bool:
+    """Forward hooks on ``module`` or its submodules, or global ones (direct calls would skip them)."""
     if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
         return True
-    return any(m._forward_hooks or m._forward_pre_hooks for m in decoder.modules())
+    return any(m._forward_hooks or m._forward_pre_hooks for m in module.modules())
 
 
 def _product(layer: Optional[nn.Module]) -> Optional[Callable[[Tensor], Tensor]]:
@@ -113,7 +110,7 @@ def _norm(norm: Optional[nn.LayerNorm]) -> Optional[Callable[[Tensor], Tensor]]:
 _linear_bits: Dict[tuple, bool] = {}
 
 
-def _gives_torchs_bits(weight: Tensor, functions: dict) -> bool:
+def _gives_torchs_bits(weight: Tensor) -> bool:
     """Whether the sublayer kernels' products of a weight of this shape give
     ``F.linear``'s bits here (the BLAS PyTorch calls, called as it calls it):
     tried once per shape, thread count and matmul precision, on rows from 1."""
@@ -123,34 +120,62 @@ def _gives_torchs_bits(weight: Tensor, functions: dict) -> bool:
         out, inputs = weight.shape
         w, b = torch.randn(out, inputs, generator=generator), torch.randn(out, generator=generator)
         _linear_bits[key] = all(
-            torch.equal(kernels.linear_product(x, w, b, functions), F.linear(x, w, b))
+            torch.equal(kernels.linear_product(x, w, b), F.linear(x, w, b))
             for x in (torch.randn(rows, inputs, generator=generator) for rows in (1, 2, 3, 8, 13, 64, 130)))
     return _linear_bits[key]
 
 
-def _sublayer_weights(functions: Optional[dict], **linears) -> Optional[dict]:
-    """The sublayer kernel's weight arguments of ``linears`` where each is a
-    plain float32 Linear with a bias on the CPU (not packed, int8 or
-    bfloat16; without a bias PyTorch multiplies another way) whose products
-    the kernels compute with PyTorch's bits; else None."""
-    if functions is None:
-        return None
-    for linear in linears.values():
+def _plain_weights(*linears) -> Optional[list]:
+    """The (weight, bias) of each of ``linears`` where each is a plain
+    float32 Linear with a bias on the CPU (not packed, int8 or bfloat16;
+    without a bias PyTorch multiplies another way) whose products the
+    kernels compute with PyTorch's bits; else None."""
+    for linear in linears:
         if (type(linear) is not nn.Linear or "forward" in vars(linear) or linear.weight.dtype != torch.float32
                 or linear.weight.device.type != "cpu" or not linear.weight.is_contiguous()
                 or linear.bias is None or not linear.bias.is_contiguous()
-                or not _gives_torchs_bits(linear.weight, functions)):
+                or not _gives_torchs_bits(linear.weight)):
             return None
-    return kernels.sublayer_weights(**linears)
+    # (the parameters themselves: PyTorch's products of a tensor that requires a
+    # gradient may take another path, even where no gradient is recorded)
+    return [(linear.weight, linear.bias) for linear in linears]
+
+
+def _specs(packed: bool, *linears) -> Optional[list]:
+    """``linears`` as the kernels take them: plain float32 ones
+    (``_plain_weights``), and with ``packed`` those on oneDNN's packed
+    kernel (``packed_linear``: the native search pads their rows); else None."""
+    found = []
+    for linear in linears:
+        product = packed_linear.packed_of(linear) if packed else None
+        spec = (kernels.packed_linear(product, linear.in_features, linear.out_features) if product is not None
+                else _plain_weights(linear))
+        if spec is None:
+            return None
+        found.append(spec if product is not None else spec[0])
+    return found
+
+
+def _native_attention(module, self_attention: bool, packed: bool = False):
+    """``module``'s sublayer as the kernels read it (its projections and how
+    its class attends), or None where a projection is not the kernels'."""
+    if self_attention:
+        weights = _specs(packed, module.q_proj, module.k_proj, module.v_proj, module.out_proj)
+    else:
+        weights = _specs(packed, module.q_proj, module.out_proj)
+        weights = weights and [weights[0], None, None, weights[1]]
+    if weights is None:
+        return None
+    return kernels.attention_sublayer(*weights, heads=module.num_heads, head_dim=module.head_dim,
+                                      scale=module.scaling, mode=module.kernel_mode, top_k=module.kernel_keys)
 
 
 class _Layer:
     """One layer's parts, bound once per decoding call: each sublayer's
     products as the layers' own calls, and where their Linear layers allow,
-    the whole sublayer as one kernel call (``native_*``: its weights'
-    addresses)."""
+    the whole sublayer as one kernel call (``native_*``)."""
 
-    def __init__(self, layer, functions: Optional[dict]):
+    def __init__(self, layer, native: bool, packed: bool = False):
         self.self_attn, self.encoder_attn = layer.self_attn, layer.encoder_attn
         self.q, self.k, self.v, self.self_out = (_product(getattr(layer.self_attn, name)) for name in
                                                  ("q_proj", "k_proj", "v_proj", "out_proj"))
@@ -160,59 +185,32 @@ class _Layer:
         self.self_norm, self.cross_norm, self.final_norm = (
             _norm(layer.self_attn_layer_norm), _norm(layer.encoder_attn_layer_norm), _norm(layer.final_layer_norm))
         self.pre_norm = layer.normalize_before
-        self.functions = functions
-        attention, cross = layer.self_attn, layer.encoder_attn
-        self.native_self = _sublayer_weights(functions, q=attention.q_proj, k=attention.k_proj,
-                                             v=attention.v_proj, out=attention.out_proj)
-        self.native_cross = _sublayer_weights(functions, q=cross.q_proj, out=cross.out_proj)
-        self.native_feed_forward = None if layer.activation_fn is not F.relu else _sublayer_weights(
-            functions, fc1=layer.fc1, fc2=layer.fc2)
-        self.hidden = layer.fc1.out_features
+        self.native_self = _native_attention(layer.self_attn, True, packed) if native else None
+        self.native_cross = _native_attention(layer.encoder_attn, False, packed) if native else None
+        feed_forward = _specs(packed, layer.fc1, layer.fc2) if native and layer.activation_fn is F.relu else None
+        self.native_feed_forward = None if feed_forward is None else kernels.feed_forward(*feed_forward)
 
 
 class _NativeLayers:
     """The decoder's layers (and its last norm) for one step as one kernel
-    call, ``kernels.decoder_step``: each layer's weights, sizes and norms in
-    a table made once per decoding call, its caches' addresses each step."""
+    call, ``kernels.decoder_step``: each layer's weights, sizes and norms
+    read once per decoding call, its caches each step."""
 
-    def __init__(self, layers: List[_Layer], modules, last_norm: Optional[nn.LayerNorm], variant, functions: dict):
-        self.layers, self.variant, self.functions = layers, variant, functions
-        self.pre_norm = layers[0].pre_norm
-        slots, scalar_slots = kernels.LAYER_SLOTS, kernels.LAYER_SCALARS
-        self.records, scalars = [], []
+    def __init__(self, layers: List[_Layer], modules, last_norm: Optional[nn.LayerNorm], variant, embed: int):
+        self.layers = layers
+        self.native = kernels.decoder_layers(layers[0].pre_norm, variant, _norm_weights(last_norm), embed)
         for layer, module in zip(layers, modules):
-            record = [0] * slots["LAYER_SLOTS"]
-            named = {**{f"self_{name}": address for name, address in layer.native_self.items()},
-                     **{f"cross_{name}": address for name, address in layer.native_cross.items()},
-                     **layer.native_feed_forward}
-            for (kind, attention) in (("SELF", module.self_attn), ("CROSS", module.encoder_attn)):
-                named.update({f"{kind}_heads": attention.num_heads, f"{kind}_head_dim": attention.head_dim,
-                              f"{kind}_mode": MODES[attention.lineage_mode],
-                              f"{kind}_top_k": getattr(attention, "k", 0)})
-            for kind, norm in (("SELF", module.self_attn_layer_norm), ("CROSS", module.encoder_attn_layer_norm),
-                               ("FINAL", module.final_layer_norm)):
-                named[f"{kind}_norm_weight"], named[f"{kind}_norm_bias"] = norm.weight.data_ptr(), norm.bias.data_ptr()
-            named["hidden"] = layer.hidden
-            for name, value in named.items():
-                record[slots[name.upper()]] = value or 0
-            self.records.append(record)
-            layer_scalars = [0.0] * scalar_slots["LAYER_SCALARS"]
-            for name, value in (("SELF_SCALE", module.self_attn.scaling), ("CROSS_SCALE", module.encoder_attn.scaling),
-                                ("SELF_NORM_EPS", module.self_attn_layer_norm.eps),
-                                ("CROSS_NORM_EPS", module.encoder_attn_layer_norm.eps),
-                                ("FINAL_NORM_EPS", module.final_layer_norm.eps)):
-                layer_scalars[scalar_slots[name]] = value
-            scalars.append(layer_scalars)
-        self.scalars = torch.tensor(scalars, dtype=torch.float32)
-        self.last_norm = None if last_norm is None else (last_norm.weight, last_norm.bias, last_norm.eps)
+            self.native.add(self_attention=layer.native_self, cross_attention=layer.native_cross,
+                            feed_forward=layer.native_feed_forward,
+                            self_norm=_norm_weights(module.self_attn_layer_norm),
+                            cross_norm=_norm_weights(module.encoder_attn_layer_norm),
+                            final_norm=_norm_weights(module.final_layer_norm))
 
     @classmethod
-    def of(cls, decoder, layers: List[_Layer], functions: Optional[dict]) -> Optional["_NativeLayers"]:
+    def of(cls, decoder, layers: List[_Layer]) -> Optional["_NativeLayers"]:
         """The layers as one call, or None where a part is not a kernel's."""
-        functions = kernels.decoder_step_functions(functions)
-        if functions is None or any(layer.native_self is None or layer.native_cross is None
-                                    or layer.native_feed_forward is None or layer.pre_norm != layers[0].pre_norm
-                                    for layer in layers):
+        if any(layer.native_self is None or layer.native_cross is None or layer.native_feed_forward is None
+               or layer.pre_norm != layers[0].pre_norm for layer in layers):
             return None
         norms = [norm for module in decoder.layers
                  for norm in (module.self_attn_layer_norm, module.encoder_attn_layer_norm, module.final_layer_norm)]
@@ -223,7 +221,7 @@ class _NativeLayers:
                     for norm in norms}
         if len(variants) != 1 or None in variants:
             return None
-        return cls(layers, decoder.layers, decoder.layer_norm, variants.pop(), functions)
+        return cls(layers, decoder.layers, decoder.layer_norm, variants.pop(), embed)
 
     def __call__(self, x: Tensor, incremental_state, lineage) -> Optional[Tensor]:
         """The layers' output of ``x`` (rows, embed_dim) and the last norm;
@@ -238,9 +236,26 @@ class _NativeLayers:
             caches.append((keys, saved_state["lineage_values"]))
             cross_state = layer.encoder_attn._get_input_buffer(incremental_state)
             sources.append(lineage.cached_source(cross_state, _source_padding(cross_state), rows))
-        return kernels.decoder_step(x.contiguous(), self.records, caches, sources, self.scalars, self.pre_norm,
-                                    lineage.ancestors, lineage.length, self.last_norm, self.variant,
-                                    self.functions)
+        return kernels.decoder_step(self.native, x.contiguous(), caches, sources, lineage.ancestors, lineage.length)
+
+
+def native_layers(decoder) -> Optional[_NativeLayers]:
+    """The layers of ``decoder`` (``supports`` it) as the native search
+    reads them (oneDNN's packed Linear layers among them), or None where a
+    part is not a kernel's here."""
+    if not kernels.has_blas():
+        return None
+    return _NativeLayers.of(decoder, [_Layer(layer, True, packed=True) for layer in decoder.layers])
+
+
+def linear_spec(linear: nn.Module):
+    """``linear`` as the native search takes it (plain float32 or packed), or None."""
+    found = _specs(True, linear)
+    return None if found is None else found[0]
+
+
+def _norm_weights(norm: Optional[nn.LayerNorm]):
+    return None if norm is None else (norm.weight, norm.bias, norm.eps)
 
 
 def _native_norm(norm, embed: int) -> bool:
@@ -256,9 +271,9 @@ class DirectStep:
 
     def __init__(self, decoder, capacity: int):
         self.decoder, self.capacity = decoder, capacity  # (the call's steps at most)
-        functions = kernels.sublayer_functions()
-        self.layers: List[_Layer] = [_Layer(layer, functions) for layer in decoder.layers]
-        self.native = _NativeLayers.of(decoder, self.layers, functions)
+        native = kernels.has_blas()
+        self.layers: List[_Layer] = [_Layer(layer, native) for layer in decoder.layers]
+        self.native = _NativeLayers.of(decoder, self.layers) if native else None
         self.project_in, self.project_out = _product(decoder.project_in_dim), _product(decoder.project_out_dim)
         self.embedding_norm, self.last_norm = _norm(decoder.layernorm_embedding), _norm(decoder.layer_norm)
         self.positions: Optional[Tensor] = None  # of every step up to its length (_position)
@@ -330,8 +345,7 @@ def _self_attention(x: Tensor, residual: Tensor, layer: _Layer, rows: int, incre
     module = layer.self_attn
     saved_state = module._get_input_buffer(incremental_state)
     if layer.native_self is not None:
-        summed = lineage.self_attention_sublayer(module, saved_state, x, residual, layer.native_self,
-                                                 layer.functions)
+        summed = lineage.self_attention_sublayer(saved_state, x, residual, layer.native_self)
         if summed is not None:
             return summed
     out = lineage.self_attention(module, saved_state, layer.q(x).view(rows * module.num_heads, 1, module.head_dim),
@@ -344,8 +358,7 @@ def _cross_attention(x: Tensor, residual: Tensor, layer: _Layer, rows: int, incr
     saved_state = module._get_input_buffer(incremental_state)
     padding = _source_padding(saved_state)
     if layer.native_cross is not None:
-        return lineage.source_attention_sublayer(module, saved_state, x, residual, padding, layer.native_cross,
-                                                 layer.functions)
+        return lineage.source_attention_sublayer(saved_state, x, residual, padding, layer.native_cross)
     out = lineage.source_attention(module, saved_state,
                                    layer.cross_q(x).view(rows * module.num_heads, 1, module.head_dim), padding)
     return residual + layer.cross_out(out.view(rows, module.embed_dim))
@@ -353,7 +366,7 @@ def _cross_attention(x: Tensor, residual: Tensor, layer: _Layer, rows: int, incr
 
 def _feed_forward(x: Tensor, residual: Tensor, layer: _Layer) -> Tensor:
     if layer.native_feed_forward is not None:
-        return kernels.feed_forward_sublayer(x, residual, layer.native_feed_forward, layer.hidden, layer.functions)
+        return kernels.feed_forward_sublayer(layer.native_feed_forward, x, residual)
     return residual + layer.fc2(layer.activation(layer.fc1(x)))
 
 

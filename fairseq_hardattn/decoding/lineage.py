@@ -22,7 +22,7 @@ head's centre (``window_attention``).
 
 The search owns the state (``Lineage``: ``start``, ``set_step``,
 ``reorder``), which it puts in the call's ``DecodingCall``; an attention
-module opts in with ``lineage_mode`` (``soft``, ``hard``, ``topk``,
+class opts in with its ``kernel_mode`` (``soft``, ``hard``, ``topk``,
 ``local``) and hands its step to it (``modules/decoding_step.py``). Modules
 without one keep their own caches, reordered as fairseq does.
 """
@@ -35,7 +35,6 @@ from torch import Tensor
 from .. import kernels
 from ..modules import decoding_step
 
-MODES = {"soft": 0, "hard": 1, "topk": 2, "local": 3}
 # modes that attend every position (self-, cross- and cross+self attention);
 # "local" reads a window, and its module asks for ``window_attention`` itself
 EVERY_POSITION = ("soft", "hard", "topk")
@@ -71,9 +70,8 @@ class Lineage:
 
     def usable(self, module, q: Tensor, modes=EVERY_POSITION) -> bool:
         """Whether ``module`` attends through the step kernel here."""
-        return (getattr(module, "lineage_mode", None) in modes and q.device.type == "cpu"
-                and q.dtype == torch.float32 and getattr(module, "k", 0) <= kernels.STEP_MAX_K
-                and kernels.step_attention_function() is not None)
+        return (module.kernel_mode in modes and q.device.type == "cpu" and q.dtype == torch.float32
+                and kernels.available() and module.kernel_keys <= kernels.step_max_k())
 
     def self_attention(self, module, saved_state, q: Tensor, k: Tensor, v: Tensor, bsz: int,
                        source: Optional[Dict[str, Tensor]] = None, group: int = 1) -> Tensor:
@@ -93,30 +91,28 @@ class Lineage:
         values[self.length - 1, :bsz] = v.view(bsz, heads, head_dim)
         if source is not None:
             source = _source_part(source, "key", "value", source.get("padding_mask"), group)
-        return _kernel_step(module, q, module.lineage_mode, source=source,
+        return _kernel_step(module, q, module.kernel_mode, source=source,
                             lineage=(keys, values, self.ancestors, self.length))
 
-    def self_attention_sublayer(self, module, saved_state, x: Tensor, residual: Tensor, weights: dict,
-                                functions: dict) -> Optional[Tensor]:
-        """``residual`` + ``module``'s self-attention of ``x`` (rows,
-        embed_dim) with its projections (``weights``) as one kernel call
-        (``kernels.self_attention_sublayer``): what ``self_attention`` and the
-        projections around it compute; None before its buffers exist."""
+    def self_attention_sublayer(self, saved_state, x: Tensor, residual: Tensor, attention) -> Optional[Tensor]:
+        """``residual`` + a module's self-attention of ``x`` (rows,
+        embed_dim) with its projections (``attention``:
+        ``kernels.attention_sublayer``) as one kernel call: what
+        ``self_attention`` and the projections around it compute; None before
+        its buffers exist."""
         keys = saved_state.get("lineage_keys")
         if keys is None:
             return None
-        return kernels.self_attention_sublayer(
-            x, residual, weights, module.num_heads, module.head_dim, module.scaling, MODES[module.lineage_mode],
-            getattr(module, "k", 0), keys, saved_state["lineage_values"], self.ancestors, self.length, functions)
+        return kernels.self_attention_sublayer(attention, x, residual, keys, saved_state["lineage_values"],
+                                               self.ancestors, self.length)
 
-    def source_attention_sublayer(self, module, saved_state, x: Tensor, residual: Tensor,
-                                  padding: Optional[Tensor], weights: dict, functions: dict) -> Tensor:
-        """``residual`` + ``module``'s cross-attention of ``x`` with its
-        projections (``weights``) as one kernel call: what ``source_attention``
-        and the projections around it compute."""
-        return kernels.cross_attention_sublayer(
-            x, residual, weights, module.num_heads, module.head_dim, module.scaling, MODES[module.lineage_mode],
-            getattr(module, "k", 0), self.cached_source(saved_state, padding, x.size(0)), functions)
+    def source_attention_sublayer(self, saved_state, x: Tensor, residual: Tensor, padding: Optional[Tensor],
+                                  attention) -> Tensor:
+        """``residual`` + a module's cross-attention of ``x`` with its
+        projections (``attention``) as one kernel call: what
+        ``source_attention`` and the projections around it compute."""
+        return kernels.cross_attention_sublayer(attention, x, residual,
+                                                self.cached_source(saved_state, padding, x.size(0)))
 
     def cached_source(self, saved_state: Dict[str, Tensor], padding: Optional[Tensor], rows: int):
         """The kernel's source part of cross-attention's cached encoder K/V for ``rows`` hypotheses."""
@@ -134,7 +130,7 @@ class Lineage:
         found through the table ``decoding_step.SOURCE_SENTENCES`` kept beside
         them: q (bsz*heads, 1, head_dim) unscaled; padding (cached sentences,
         src_len) or None. Returns (bsz*heads, 1, head_dim)."""
-        return _kernel_step(module, q, module.lineage_mode,
+        return _kernel_step(module, q, module.kernel_mode,
                             source=self.cached_source(saved_state, padding, q.size(0) // module.num_heads))
 
     def window_attention(self, module, q: Tensor, k: Tensor, v: Tensor, padding: Optional[Tensor],
@@ -152,7 +148,7 @@ def attend_window(module, q: Tensor, k: Tensor, v: Tensor, padding: Optional[Ten
     shape = (kv_bsz, module.num_heads, k.size(1), module.head_dim)
     group = q.size(0) // module.num_heads // kv_bsz
     return _kernel_step(module, q, "local",
-                        source=(k.view(shape), None, v.view(shape), padding, group, None),
+                        source=kernels.source_part(k.view(shape), None, v.view(shape), padding, group),
                         local=(centres.float().contiguous(), float(module.window),
                                2 * module.sigma ** 2))
 
@@ -168,7 +164,7 @@ def _source_part(state: Dict[str, Tensor], key: str, value: str, padding: Option
     if transposed not in state:
         state[key], state[value] = state[key].contiguous(), state[value].contiguous()
         state[transposed] = kernels.transposed_keys(state[key])
-    return state[key], state[transposed], state[value], padding, group, sentences
+    return kernels.source_part(state[key], state[transposed], state[value], padding, group, sentences)
 
 
 def _kernel_step(module, q: Tensor, mode: str, **parts) -> Tensor:
@@ -177,6 +173,6 @@ def _kernel_step(module, q: Tensor, mode: str, **parts) -> Tensor:
     heads, head_dim = module.num_heads, module.head_dim
     bsz = q.size(0) // heads
     out = q.new_empty(bsz, heads, head_dim)
-    kernels.step_attention(q.reshape(bsz, heads, head_dim).contiguous(), module.scaling,
-                           MODES[mode], getattr(module, "k", 0), out, **parts)
+    kernels.step_attention(q.reshape(bsz, heads, head_dim).contiguous(), module.scaling, mode,
+                           module.kernel_keys, out, **parts)
     return out.view(bsz * heads, 1, head_dim)

@@ -53,12 +53,31 @@ def packable(layer: nn.Module) -> bool:
     return type(layer) is nn.Linear and packable_weight(layer.weight) and "forward" not in vars(layer)
 
 
-def packed_product(weight: torch.Tensor, bias=None):
+class PackedProduct:
     """``F.linear(x, weight, bias)`` on oneDNN's kernel, over a copy of
-    ``weight`` packed now (later changes to the weight are not seen)."""
-    packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
-    bias = None if bias is None else bias.detach()
-    return in_few_shapes(lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], ""))
+    ``weight`` packed now (``packed``; later changes to the weight are not
+    seen), on rows padded to few shapes (``row_shapes``)."""
+
+    def __init__(self, weight: torch.Tensor, bias=None):
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
+        self.bias = None if bias is None else bias.detach()
+        self._in_few_shapes = in_few_shapes(self.unpadded)
+
+    def unpadded(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self._in_few_shapes(x)
+
+
+def packed_product(weight: torch.Tensor, bias=None) -> PackedProduct:
+    return PackedProduct(weight, bias)
+
+
+def packed_of(layer: nn.Module):
+    """The ``PackedProduct`` ``layer`` runs on within ``packed_linears``, or None."""
+    forward = vars(layer).get("forward")
+    return forward if isinstance(forward, PackedProduct) else None
 
 
 # a prepared model's packed forwards, by layer: (its weights, their marks, the forward)

@@ -137,7 +137,7 @@ _checked: Dict[str, bool] = {}
 def kernel_generators(seeds: List[int]) -> Optional[Tensor]:
     """The generators seeded with ``seeds`` in C (``kernels.sentence_generators``),
     or None: no kernel, or its draws are not this PyTorch's."""
-    if kernels.SEED_GENERATORS.function() is None:
+    if not kernels.available():
         return None
     if "draws" not in _checked:
         _checked["draws"] = _kernel_draws_are_torchs()

@@ -23,6 +23,7 @@
 #include <stdint.h>
 
 #include "exp_poly.h"
+#include "native.h"
 #include "parallel_rows.h"
 #include "sorted_insert.h"
 

@@ -19,6 +19,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "native.h"
+
 static float dot(const float *a, const float *b, int64_t n) {
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)

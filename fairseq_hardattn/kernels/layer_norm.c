@@ -15,6 +15,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "native.h"
+
 enum { MAX_LANES = 16, CHUNK = 16, MAX_DEPTH = 64 };
 
 /* moments_utils.h's AddMoments: (m0, m1, m2) += (m0_add, m1_add, m2_add) */
@@ -104,7 +106,8 @@ static void moments(const float *x, int64_t n, int lanes, int fused, float *mean
 /* y (rows, n) = F.layer_norm(x (rows, n), (n,), gamma, beta, eps); y may be x.
  * Returns 0, or 1 where `lanes` is not 8 or 16. */
 int layer_norm(const float *x, int64_t rows, int64_t n, const float *gamma, const float *beta, float eps,
-               int lanes, int fused, float *y) {
+               struct fh_norm_variant variant, float *y) {
+    const int lanes = variant.lanes, fused = variant.fused;
     if (lanes != 8 && lanes != 16) return 1;
     for (int64_t r = 0; r < rows; ++r) {
         const float *row = x + r * n;

@@ -15,7 +15,10 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "native.h"
+
 enum { N = 624, M = 397, LEFT = N, NEXT = N + 1, STATE_WORDS = N + 2 };
+_Static_assert((int)STATE_WORDS == (int)FH_GENERATOR_STATE_WORDS, "a generator's state is native.h's size");
 
 #define MATRIX_A 0x9908b0dfu
 #define UPPER 0x80000000u

@@ -34,11 +34,12 @@
 #include <stdlib.h>
 
 #include "exp_poly.h"
+#include "native.h"
 #include "parallel_rows.h"
 #include "sorted_insert.h"
 
-enum { SOFT = 0, HARD = 1, TOPK = 2, LOCAL = 3 };
-enum { MAX_K = 64, BLOCK = 16 };
+enum { SOFT = FH_MODE_SOFT, HARD = FH_MODE_HARD, TOPK = FH_MODE_TOPK, LOCAL = FH_MODE_LOCAL };
+enum { MAX_K = FH_STEP_MAX_K, BLOCK = FH_SOURCE_BLOCK };
 
 static inline float dot(const float *a, const float *b, int64_t n) {
     float sum = 0.0f;
@@ -281,26 +282,31 @@ static int attend_rows(int64_t first, int64_t end, const float *q, STEP_PARAMETE
 }
 #undef WITH_DIM
 
-/* q, out: (rows, heads, dim).
- * Source (src_len > 0): src_keys, src_values with strides sentence_stride,
- * head_stride and src_position_stride in floats (the same for both); the
- * keys again as src_keys_t (sentences, heads, dim, src_len rounded up to
- * BLOCK), contiguous, zeros beyond src_len; src_padding (sentences, src_len) bytes,
- * nonzero where padded, or NULL; row r reads sentence src_sentences[r / group],
- * or r / group where src_sentences is NULL.
- * Lineage (length > 0): keys, values (capacity, rows0, heads, dim);
- * ancestors (rows, >= length) with row stride anc_stride.
- * LOCAL: centres (rows, heads), window and gaussian as above.
- * Rows are split over the caller's OpenMP threads (parallel_rows.h); a
- * row's sums run in the same order on any thread.
- * Returns 0; 1 where k > MAX_K or nothing is to be attended; 2 where its
- * scratch could not be allocated. */
 /* The threads a step of `rows` rows over `positions` positions runs on. */
 int step_attention_threads(int64_t rows, int64_t heads, int64_t dim, int64_t positions) {
     return row_threads(rows, 4, (double)heads * dim * positions);
 }
 
-int step_attention(const float *q, int64_t rows, STEP_PARAMETERS) {
+/* (native.h) Rows are split over the caller's OpenMP threads
+ * (parallel_rows.h); a row's sums run in the same order on any thread. */
+int step_attention(const float *q, int64_t rows, int64_t heads, int64_t dim, const struct fh_source *source,
+                   const struct fh_lineage *lineage, const struct fh_attending *attending, float *out) {
+    static const struct fh_source no_source;
+    static const struct fh_lineage no_lineage;
+    if (!source) source = &no_source;
+    if (!lineage) lineage = &no_lineage;
+    const float *src_keys = source->keys, *src_keys_t = source->keys_t, *src_values = source->values;
+    const int64_t sentence_stride = source->sentence_stride, head_stride = source->head_stride;
+    const int64_t src_position_stride = source->position_stride, src_len = source->len, group = source->group;
+    const uint8_t *src_padding = source->padding;
+    const int64_t *src_sentences = source->sentences;
+    const float *keys = lineage->keys, *values = lineage->values;
+    const int64_t *ancestors = lineage->ancestors;
+    const int64_t anc_stride = lineage->anc_stride, rows0 = lineage->rows0, length = lineage->length;
+    const float scale = attending->scale, window = attending->window, gaussian = attending->gaussian;
+    const int mode = attending->mode;
+    const int64_t k = attending->k;
+    const float *centres = attending->centres;
     if (src_len + length < 1 || k > MAX_K) return 1;
     const int threads = step_attention_threads(rows, heads, dim, src_len + length);
     if (threads == 1) return attend_rows(0, rows, q, STEP_ARGUMENTS);

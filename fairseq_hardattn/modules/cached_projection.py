@@ -13,7 +13,7 @@ engine steps a module (the plugin's search on a CPU, the fixed-shape step),
 ``forward`` hands it the step (``decoding_step``).
 """
 
-from typing import Dict, NamedTuple, Optional, Tuple
+from typing import ClassVar, Dict, NamedTuple, Optional, Tuple
 
 import torch
 from fairseq.modules import MultiheadAttention
@@ -64,8 +64,12 @@ class CachedProjectionAttention(MultiheadAttention):
     # cache encoder K/V batch-major (fairseq: time-major, as projected), for
     # mechanisms that gather windows of consecutive source positions
     batch_major_static_cache = False
-    # how lineage decoding's kernel attends for this mechanism (None: it does not)
-    lineage_mode: Optional[str] = None
+    # how the search's attention kernel attends for this mechanism on a CPU
+    # (soft, hard, topk, local; None: it does not), and whether the engine's
+    # native decoder step may take the place of its forward (a step that is
+    # its projections, then the kernel's attention over the caches: nothing more)
+    kernel_mode: ClassVar[Optional[str]] = None
+    native_step: ClassVar[bool] = False
 
     def __init__(self, embed_dim, num_heads, *args, **kwargs):
         unsupported = [
@@ -78,6 +82,11 @@ class CachedProjectionAttention(MultiheadAttention):
                 f"{type(self).__name__} does not support {', '.join(unsupported)}"
             )
         super().__init__(embed_dim, num_heads, *args, **kwargs)
+
+    @property
+    def kernel_keys(self) -> int:
+        """The keys the kernel keeps of a step's scores (top-k's k; 0: the mode says)."""
+        return 0
 
     def forward(
         self,

@@ -42,7 +42,8 @@ _SOURCE_STATE = "cross_self_source"
 class CrossSelfAttention(CachedProjectionAttention):
     """Soft cross+self attention; constructed with ``self_attention=False``."""
 
-    lineage_mode = "soft"
+    kernel_mode = "soft"
+    native_step = False  # (one attention over the source and the lineage)
 
     # set by the decoder layer for one call: None (no alignment), or whether
     # the alignment is wanted per head (True) or as the heads' mean (False)
@@ -172,7 +173,7 @@ class CrossSelfAttention(CachedProjectionAttention):
 class HardCrossSelfAttention(CrossSelfAttention, HardRetrievalAttention):
     """Hard retrieval over [encoder; decoder]: one key per head and query."""
 
-    lineage_mode = "hard"
+    kernel_mode = "hard"
 
     def full_forward(self, *args, **kwargs):
         return CachedProjectionAttention.forward(self, *args, **kwargs)

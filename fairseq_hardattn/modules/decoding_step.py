@@ -23,7 +23,7 @@ incremental state. A module reads it there; the engine
 - ``lineage`` (the plugin's search on a CPU): one kernel call attends a step
   over keys and values read where they were written, self-attention caches
   never reordered (their ancestors are). A module that declares a
-  ``lineage_mode`` (``soft``, ``hard``, ``topk``, ``local``) hands it its
+  ``kernel_mode`` (``soft``, ``hard``, ``topk``, ``local``) hands it its
   step: its query, this step's keys and values, its caches.
 
 Models meet the engine through ``step_engine()``: the object the decoding

@@ -124,7 +124,8 @@ class HardRetrievalAttention(CachedProjectionAttention):
     pass instead: ``full_context_alignment`` of the models).
     """
 
-    lineage_mode = "hard"
+    kernel_mode = "hard"
+    native_step = True
 
     def __init__(self, *args, train_retrieval: str = "sample", anneal_updates: int = 0, **kwargs):
         super().__init__(*args, **kwargs)

@@ -37,7 +37,7 @@ class LocalAttention(CachedProjectionAttention):
 
     new_parameter_prefixes = ("centre_",)
     batch_major_static_cache = True  # windows are contiguous blocks
-    lineage_mode = "local"  # the plugin's search on a CPU: one kernel call a step
+    kernel_mode = "local"  # the plugin's search on a CPU: one kernel call a step
 
     def __init__(self, embed_dim, num_heads, *args, window: int = 10,
                  centre_dim: Optional[int] = None, **kwargs):

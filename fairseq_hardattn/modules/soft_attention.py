@@ -17,7 +17,8 @@ from .cached_projection import CachedProjectionAttention
 class SoftAttention(CachedProjectionAttention):
     """Drop-in for fairseq's ``MultiheadAttention`` (same parameters)."""
 
-    lineage_mode = "soft"
+    kernel_mode = "soft"
+    native_step = True
 
     def forward(self, query, key, value, key_padding_mask=None, incremental_state=None,
                 **kwargs):

@@ -30,13 +30,18 @@ class TopKAttention(CachedProjectionAttention):
     """Drop-in replacement for fairseq's ``MultiheadAttention`` that attends
     to each query's ``k`` highest-scoring keys."""
 
-    lineage_mode = "topk"
+    kernel_mode = "topk"
+    native_step = True
 
     def __init__(self, *args, k: int = 1, **kwargs):
         super().__init__(*args, **kwargs)
         if not isinstance(k, int) or k < 1:
             raise ValueError(f"top-k attention: k must be an integer >= 1, got {k!r}")
         self.k = k
+
+    @property
+    def kernel_keys(self) -> int:
+        return self.k
 
     def attend(self, query, p, incremental_state, attn_mask, need_weights, need_head_weights):
         scores = self.scores(p, attn_mask, scaled=False)  # ranked unscaled: see the module

@@ -424,10 +424,13 @@ def test_generate_interactive_and_the_hub_with_two_workers(trained_checkpoints, 
         with caplog.at_level(logging.INFO, logger="fairseq_hardattn.decoding.workers"):
             translations[count] = hub.translate(lines, beam=3)
         assert any("in 2 worker processes" in r.getMessage() for r in caplog.records) == (count == 2)
-        # the call's workers stay until the next call starts its own: one call's at a time
+        # the call's workers stay for the next call with the same options; a call with
+        # others starts its own, the first's ended: one pool at a time
         workers_of_the_first_call = set(multiprocessing.active_children())
         assert len(workers_of_the_first_call) == (2 if count == 2 else 0)
         assert hub.translate(lines, beam=3) == translations[count]
+        assert set(multiprocessing.active_children()) == workers_of_the_first_call
+        assert hub.translate(lines, beam=2)
         now = set(multiprocessing.active_children())
         assert len(now) == len(workers_of_the_first_call) and not now & workers_of_the_first_call
         workers.end_pools_left_behind()

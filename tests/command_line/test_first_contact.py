@@ -226,6 +226,41 @@ def test_the_hubs_ids_of_a_sentence_are_fairseqs_looked_up_at_once(trained_check
     assert hub.translate(["s1 s2", "s4 s5 s6"], beam=2, max_len_b=MAX_LEN_B) == translations
 
 
+def test_the_hubs_kept_generators_decode_as_fairseqs_hub_does(trained_checkpoints, reorder_data):
+    """The plugin's hub builds a generator once for a set of options (fairseq
+    builds one a call) and decodes one sentence as one batch made directly:
+    the translations of fairseq's own generate, whatever changed between
+    calls: the options given, the hub's generation options, torch's seed
+    (sampling), the model's weights."""
+    from fairseq import hub_utils
+
+    hard = trained_checkpoints["hard"]
+    hub = fairseq_hardattn.from_pretrained(str(hard.parent), checkpoint_file=hard.name,
+                                           data_name_or_path=str(reorder_data), user_dir=USER_DIR)
+    sentences = ["s1 s2", "s4 s5 s6 s7", "s9"]
+
+    def both(*args, **kwargs):
+        ours = [hub.sample(s, *args, **kwargs) for s in sentences] + [hub.sample(sentences, *args, **kwargs)]
+        with_fairseqs = [hub_utils.GeneratorHubInterface.sample(hub, s, *args, **kwargs) for s in sentences]
+        with_fairseqs.append(hub_utils.GeneratorHubInterface.sample(hub, sentences, *args, **kwargs))
+        assert ours == with_fairseqs
+        return ours
+
+    first = both(3, max_len_b=MAX_LEN_B)
+    assert both(3, max_len_b=MAX_LEN_B) == first and len(hub._generators) == 1
+    assert both(1, max_len_b=MAX_LEN_B)
+    hub.cfg.generation.max_len_b = 2
+    assert all(len(t.split()) <= 2 for t in both(3)[:3])
+    hub.cfg.generation.max_len_b = MAX_LEN_B
+    for seed in (1, 2, 1):
+        torch.manual_seed(seed)
+        both(2, sampling=True, sampling_topk=3)
+    with torch.no_grad():
+        for parameter in hub.models[0].parameters():
+            parameter.mul_(-1.0)
+    assert both(3, max_len_b=MAX_LEN_B) != first
+
+
 def test_a_line_too_long_for_the_model_is_named_and_the_session_goes_on(trained_checkpoints, reorder_data):
     lines = ["s1 s2", "s4 s5", "s3 " * 1100, "s7 s8"]
     proc = interactive(reorder_data, trained_checkpoints["hard"], lines, "--buffer-size", 2)

@@ -802,7 +802,7 @@ def test_cycles_by_library_sums_perfs_samples_by_kind_of_code():
         "# Samples: 18K of event 'cpu-clock:ppp'",
         "    18.36%    1836  libtorch_cpu.so                [.] mkl_blas_def_sgemm_kernel_0_zen",
         "    16.10%    1610  [JIT] tid 3418                 [.] 0x00007f37af5eb23c",
-        "    7.66%     766  step_attention-ad85aba9.so     [.] attend_rows",
+        "    7.66%     766  _native-ad85aba9.cpython-311-x86_64-linux-gnu.so [.] attend_rows",
         "    3.33%     333  libc.so.6                      [.] __memmove_avx512_unaligned_erms",
         "    2.72%     272  libpython3.11.so.1.0           [.] _PyEval_EvalFrameDefault",
         "    2.05%     205  libtorch_cpu.so                [.] at::native::AVX2::direct_copy_kernel",
@@ -816,7 +816,7 @@ def test_cycles_by_library_sums_perfs_samples_by_kind_of_code():
     assert samples == 5296
     expected = {"matrix products: generated code (oneDNN's JIT)": 1610,
                 "matrix products: library code (MKL, oneDNN)": 1836 + 99,
-                "the plugin's C kernels": 766, "C library (copies, allocation, maths)": 333,
+                "the plugin's native kernels": 766, "C library (copies, allocation, maths)": 333,
                 "Python's interpreter": 272, "PyTorch's operators and dispatch": 205,
                 "CTranslate2's operators": 100, "the operating system": 50, "other": 25}
     assert shares.keys() == expected.keys()

@@ -6,6 +6,7 @@ back to fairseq's generator with one log line."""
 
 import argparse
 import collections
+import contextlib
 import logging
 import math
 
@@ -17,7 +18,7 @@ from fairseq.sequence_generator import SequenceGenerator, SequenceGeneratorWithA
 import fairseq_hardattn
 from fairseq_hardattn import kernels
 from fairseq_hardattn.decoding import PluginBeamSearch, PluginBeamSearchWithAlignment, generator_class
-from fairseq_hardattn.decoding import beam_search, lineage, packed_linear
+from fairseq_hardattn.decoding import beam_search, lineage, native_search, packed_linear
 from fairseq_hardattn.modules import (CrossSelfAttention, HardRetrievalAttention, LocalAttention,
                                       SoftAttention, TopKAttention)
 
@@ -53,7 +54,9 @@ def test_every_attention_with_a_kernel_mode_attends_through_the_kernel_on_every_
     (self-, cross- and cross+self attention of the soft, hard and top-k
     kinds; local attention) steps through the step kernel, once per step,
     none through PyTorch's ops; sentences finish early, so the batch shrinks
-    on the way."""
+    on the way (the Python search's steps: the native search runs the same
+    kernel for these kinds, test_native_search.py)."""
+    monkeypatch.setattr(native_search, "why_not", lambda *args: "turned off by the test")
     calls = collections.Counter()
     for name in ("self_attention", "source_attention", "window_attention"):
         def spy(self, module, *args, _original=getattr(lineage.Lineage, name), **kwargs):
@@ -66,7 +69,7 @@ def test_every_attention_with_a_kernel_mode_attends_through_the_kernel_on_every_
         PluginBeamSearch([model], d, beam_size=4, max_len_b=12).generate([model], sample_of(d))
     kinds = (SoftAttention, HardRetrievalAttention, TopKAttention, CrossSelfAttention, LocalAttention)
     with_mode = [m for m in model.decoder.modules() if isinstance(m, kinds)]
-    assert all(m.lineage_mode for m in with_mode)
+    assert all(type(m).kernel_mode for m in with_mode)
     assert set(calls) == set(with_mode)
     assert len(set(calls.values())) <= 1  # every step, each of them
 
@@ -77,14 +80,15 @@ def test_every_architecture_decodes_fairseqs_hypotheses_with_onednn_linears(arch
     """Every Linear layer packed for oneDNN (the tiny models' are below the
     size that packs): the same hypotheses, and the model as it was after."""
     monkeypatch.setattr(packed_linear, "MIN_PACKED_WEIGHT", 1)
-    packed_in_the_search = []
+    packed_in_the_search, packing = [], beam_search.packed_linears
 
-    class RecordingStepLogits(beam_search.StepLogits):
-        def __init__(self, model, packed_layers):
-            super().__init__(model, packed_layers)
-            packed_in_the_search.append(set(packed_layers))
+    @contextlib.contextmanager
+    def recording(model):
+        with packing(model) as layers:
+            packed_in_the_search.append(set(layers))
+            yield layers
 
-    monkeypatch.setattr(beam_search, "StepLogits", RecordingStepLogits)
+    monkeypatch.setattr(beam_search, "packed_linears", recording)
     d = make_dictionary(40)
     model = decisive_model(arch, d, flexible_mean_source_length=6.0).float()
     sample = sample_of(d)
@@ -106,9 +110,11 @@ def test_every_architecture_decodes_fairseqs_hypotheses_with_onednn_linears(arch
                                      dict(beam_size=1, search_strategy="topk")], ids=["beam", "greedy", "sampled"])
 def test_a_packed_output_projections_candidates_a_block_of_rows_at_a_time_are_all_rows_at_once(options,
                                                                                                monkeypatch):
-    """With oneDNN's packed output projection the step's logits are made and
-    read a block of rows at a time: the same hypotheses and scores, bit for
-    bit, as from the logits of every row at once."""
+    """With oneDNN's packed output projection the Python search's step
+    logits are made and read a block of rows at a time: the same hypotheses
+    and scores, bit for bit, as from the logits of every row at once (the
+    native search's blocks: test_native_search.py)."""
+    monkeypatch.setattr(native_search, "why_not", lambda *args: "turned off by the test")
     monkeypatch.setattr(packed_linear, "MIN_PACKED_WEIGHT", 1)
     monkeypatch.setattr(beam_search.StepLogits, "CANDIDATE_ROWS", 5)  # (24 rows: blocks of 5, then 4)
     d = make_dictionary(40)
@@ -151,9 +157,11 @@ def test_a_generator_sees_weights_updated_through_data_between_calls(packed, mon
             parameter.data.add_(torch.randn_like(parameter), alpha=0.5)
         after = generator.generate([model], sample)
         fresh = PluginBeamSearch([model], d, beam_size=4, max_len_b=12).generate([model], sample)
+        fairseqs = SequenceGenerator([model], d, beam_size=4, max_len_b=12).generate([model], sample)
     assert [h["tokens"].tolist() for hyps in before for h in hyps] != \
         [h["tokens"].tolist() for hyps in fresh for h in hyps]  # the update changes the decoding
     assert_same_hypotheses(after, fresh)
+    assert_same_hypotheses(after, fairseqs)
 
 
 OPTIONS = {
@@ -339,7 +347,7 @@ def test_the_candidates_kernel_is_logsumexp_and_topk(vocab, k):
     """beam_candidates.c: each row's normaliser of the raw logits and its
     best k tokens, the special columns adjusted (pad never, unk penalised,
     EOS blocked), against PyTorch's logsumexp and topk."""
-    assert kernels.beam_candidates_function() is not None, "the C kernel did not build"
+    assert kernels.available(), "the native kernels did not build"
     g = torch.Generator().manual_seed(vocab + k)
     logits = torch.randn(12, vocab, generator=g) * 4
     logits[3, 5] = 30.0  # a clear winner
@@ -412,8 +420,6 @@ def test_the_step_kernel_attends_the_encoder_and_each_hypothesis_history(mode, p
     sentence found through a table, where the caches still hold sentences
     that finished) and of its ancestors, gathered, then one soft attention,
     hard retrieval's argmax or top-3 attention over both."""
-    from fairseq_hardattn.decoding.lineage import MODES
-
     g = torch.Generator().manual_seed(7)
     capacity, rows0, rows, group = 13, 6, 6, 3
     q = torch.randn(rows, heads, dim, generator=g)
@@ -426,7 +432,7 @@ def test_the_step_kernel_attends_the_encoder_and_each_hypothesis_history(mode, p
         padding = torch.zeros(cached, src_len, dtype=torch.bool)
         padding[3, :2] = True
         sentences = torch.tensor([3, 0])  # the cached sentence each group of rows reads
-        source = (src_k, kernels.transposed_keys(src_k), src_v, padding, group, sentences)
+        source = kernels.source_part(src_k, kernels.transposed_keys(src_k), src_v, padding, group, sentences)
         sentence = sentences[torch.arange(rows) // group]
         gathered_k.append(src_k[sentence].transpose(1, 2))  # (rows, src_len, heads, dim)
         gathered_v.append(src_v[sentence].transpose(1, 2))
@@ -452,7 +458,7 @@ def test_the_step_kernel_attends_the_encoder_and_each_hypothesis_history(mode, p
     else:
         weights = torch.softmax(scores * scale, -1)
     out = torch.empty_like(q)
-    kernels.step_attention(q, scale, MODES[mode], 3, out, source=source, lineage=lineage)
+    kernels.step_attention(q, scale, mode, 3, out, source=source, lineage=lineage)
     torch.testing.assert_close(out, torch.einsum("rhs,rshd->rhd", weights, history_v), rtol=1e-5, atol=1e-5)
 
 
@@ -462,13 +468,11 @@ def test_the_kernels_split_rows_over_torchs_threads_with_the_same_sums():
     thread's results bit for bit (they own their order of sums); a whole
     search, whose other operators are PyTorch's (whose sums may depend on the
     thread count), gives the same hypotheses with scores to float32 rounding."""
-    from fairseq_hardattn.decoding.lineage import MODES
-
     g = torch.Generator().manual_seed(5)
     rows, heads, dim, src_len = 64, 4, 32, 40
     q = torch.randn(rows, heads, dim, generator=g)
     src_k, src_v = torch.randn(2, rows // 4, heads, src_len, dim, generator=g)
-    source = (src_k, kernels.transposed_keys(src_k), src_v, None, 4, None)
+    source = kernels.source_part(src_k, kernels.transposed_keys(src_k), src_v, None, 4)
     logits = torch.randn(rows, 3000, generator=g)
     columns, adds = torch.tensor([1, 3]), torch.tensor([math.nan, -1.0])
     d = make_dictionary(40)
@@ -482,7 +486,7 @@ def test_the_kernels_split_rows_over_torchs_threads_with_the_same_sums():
             steps = {}
             for mode in ("soft", "hard", "topk"):
                 steps[mode] = torch.empty_like(q)
-                kernels.step_attention(q, dim ** -0.5, MODES[mode], 3, steps[mode], source=source)
+                kernels.step_attention(q, dim ** -0.5, mode, 3, steps[mode], source=source)
             generator = PluginBeamSearch([model], d, beam_size=4, max_len_b=12)
             with torch.no_grad():
                 found[threads] = (steps, kernels.beam_candidates(logits, columns, adds, 8),
@@ -496,22 +500,21 @@ def test_the_kernels_split_rows_over_torchs_threads_with_the_same_sums():
 
 
 def test_top_k_beyond_the_kernels_k_takes_pytorchs_ops():
-    """The step kernel keeps at most STEP_MAX_K best keys: a larger k attends
-    through PyTorch's ops instead of failing mid-decoding."""
+    """The step kernel keeps at most its header's STEP_MAX_K best keys: a
+    larger k attends through PyTorch's ops instead of failing mid-decoding."""
     from fairseq_hardattn.modules import TopKAttention
 
     q = torch.zeros(1, 2, 8)
-    for k, expected in ((kernels.STEP_MAX_K, True), (kernels.STEP_MAX_K + 1, False)):
+    most = kernels.step_max_k()
+    for k, expected in ((most, True), (most + 1, False)):
         module = TopKAttention(16, 2, k=k, self_attention=True)
         assert lineage.Lineage(1, 1).usable(module, q) is expected
-    # the kernel's own limit is the one declared beside it in Python
+    # the limit Python reads is the kernel's own
     keys = torch.randn(1, 1, 2, 8)
     parts = (keys, keys, torch.zeros(1, 1, dtype=torch.int64), 1)
-    kernels.step_attention(q, 1.0, lineage.MODES["topk"], kernels.STEP_MAX_K,
-                           torch.empty_like(q), lineage=parts)
-    with pytest.raises(ValueError):
-        kernels.step_attention(q, 1.0, lineage.MODES["topk"], kernels.STEP_MAX_K + 1,
-                               torch.empty_like(q), lineage=parts)
+    kernels.step_attention(q, 1.0, "topk", most, torch.empty_like(q), lineage=parts)
+    with pytest.raises(ValueError, match=f"k <= {most}"):
+        kernels.step_attention(q, 1.0, "topk", most + 1, torch.empty_like(q), lineage=parts)
 
 
 def test_the_step_kernels_local_window_is_local_attentions_step():

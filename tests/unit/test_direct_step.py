@@ -8,7 +8,7 @@ import torch
 from fairseq.search import Sampling
 
 import fairseq_hardattn
-from fairseq_hardattn.decoding import PluginBeamSearch, bf16, direct_step, packed_linear
+from fairseq_hardattn.decoding import PluginBeamSearch, bf16, direct_step, native_search, packed_linear
 from fairseq_hardattn.decoding.int8 import quantize_for_decoding
 
 from conftest import decisive_model, make_dictionary, sample_of
@@ -29,6 +29,8 @@ def decode(model, dictionary, sample, direct: bool, monkeypatch, **options):
 
     with monkeypatch.context() as patch:
         patch.setattr(direct_step.DirectStep, "__call__", counted)
+        # (the Python search's steps: the native search's are test_native_search.py's)
+        patch.setattr(native_search, "why_not", lambda *args: "turned off by the test")
         if not direct:
             patch.setattr(direct_step, "supports", lambda decoder: "turned off by the test")
         with torch.no_grad():
@@ -144,13 +146,13 @@ def test_each_sublayer_runs_as_one_kernel_call_with_the_bits_of_its_pytorch_call
     beams reordered) and sampling."""
     from fairseq_hardattn import kernels
 
-    monkeypatch.setattr(kernels, "decoder_step_functions", lambda functions: None)
-    if kernels.sublayer_functions() is None:
+    monkeypatch.setattr(direct_step._NativeLayers, "of", classmethod(lambda cls, decoder, layers: None))
+    if not kernels.has_blas():
         pytest.skip("no sublayer kernels here (no compiler, or PyTorch without an exported BLAS)")
     d = make_dictionary(40)
     model = decisive_model(arch, d).float()
     layer = model.decoder.layers[0]
-    if not direct_step._gives_torchs_bits(layer.fc1.weight, kernels.sublayer_functions()):
+    if not direct_step._gives_torchs_bits(layer.fc1.weight):
         pytest.skip("this CPU's BLAS products differ from F.linear's here: the sublayers stay PyTorch's calls")
     sample = sample_of(d)
     for options in (dict(beam_size=4, max_len_b=12),
@@ -160,7 +162,7 @@ def test_each_sublayer_runs_as_one_kernel_call_with_the_bits_of_its_pytorch_call
             native, steps = decode(model, d, sample, True, patch, **options)
         assert steps > 0 and calls == {name: steps * len(model.decoder.layers) for name in calls} and len(calls) == 3
         with monkeypatch.context() as patch:
-            patch.setattr(kernels, "sublayer_functions", lambda: None)
+            patch.setattr(kernels, "has_blas", lambda: False)
             calls = sublayer_calls(patch)
             python, python_steps = decode(model, d, sample, True, patch, **options)
         assert python_steps == steps and not calls
@@ -171,10 +173,9 @@ def native_layers_or_skip(model):
     """The model's layers as one call (``_NativeLayers``), or a skip naming what is missing here."""
     from fairseq_hardattn import kernels
 
-    if kernels.decoder_step_functions(kernels.sublayer_functions()) is None:
+    if not kernels.has_blas():
         pytest.skip("no decoder step kernel here (no compiler, or PyTorch without an exported BLAS)")
-    functions = kernels.sublayer_functions()
-    if not direct_step._gives_torchs_bits(model.decoder.layers[0].fc1.weight, functions):
+    if not direct_step._gives_torchs_bits(model.decoder.layers[0].fc1.weight):
         pytest.skip("this CPU's BLAS products differ from F.linear's here: the sublayers stay PyTorch's calls")
     if kernels.layer_norm_variant(model.decoder.embed_dim, 1e-5) is None:
         pytest.skip("this PyTorch's LayerNorm sums in an order layer_norm.c does not repeat")
@@ -203,10 +204,10 @@ def test_a_steps_layers_run_as_one_kernel_call_with_the_bits_of_their_pytorch_ca
             native, steps = decode(model, d, sample, True, patch, **options)
         assert steps > 0 and len(calls) == steps
         with monkeypatch.context() as patch:
-            patch.setattr(kernels, "decoder_step_functions", lambda functions: None)
+            patch.setattr(direct_step._NativeLayers, "of", classmethod(lambda cls, decoder, layers: None))
             sublayers, _ = decode(model, d, sample, True, patch, **options)
         with monkeypatch.context() as patch:
-            patch.setattr(kernels, "sublayer_functions", lambda: None)
+            patch.setattr(kernels, "has_blas", lambda: False)
             python, _ = decode(model, d, sample, True, patch, **options)
         assert_identical(native, sublayers)
         assert_identical(native, python)
@@ -251,12 +252,11 @@ def test_a_sublayer_keeps_pytorchs_calls_where_the_kernel_would_not_give_their_b
     kernels."""
     from fairseq_hardattn import kernels
 
-    functions = kernels.sublayer_functions()
-    if functions is None:
+    if not kernels.has_blas():
         pytest.skip("no sublayer kernels here (no compiler, or PyTorch without an exported BLAS)")
     d = make_dictionary(40)
     model = decisive_model("transformer_soft_small", d).float()
-    if not direct_step._gives_torchs_bits(model.decoder.layers[0].fc1.weight, functions):
+    if not direct_step._gives_torchs_bits(model.decoder.layers[0].fc1.weight):
         pytest.skip("this CPU's BLAS products differ from F.linear's here")
     model.decoder.layers[0].activation_fn = torch.nn.functional.gelu
     step = direct_step.DirectStep(model.decoder, 8)
@@ -265,7 +265,7 @@ def test_a_sublayer_keeps_pytorchs_calls_where_the_kernel_would_not_give_their_b
     model.decoder.layers[1].self_attn.k_proj.bias = None
     step = direct_step.DirectStep(model.decoder, 8)
     assert step.layers[1].native_self is None and step.layers[1].native_cross is not None
-    monkeypatch.setattr(direct_step, "_gives_torchs_bits", lambda weight, functions: False)
+    monkeypatch.setattr(direct_step, "_gives_torchs_bits", lambda weight: False)
     step = direct_step.DirectStep(model.decoder, 8)
     assert all(layer.native_self is layer.native_cross is layer.native_feed_forward is None for layer in step.layers)
     monkeypatch.undo()

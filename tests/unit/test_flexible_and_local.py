@@ -147,7 +147,7 @@ def test_c_kernel_decodes_as_the_pytorch_ops(beam, head_dim):
     """On CPU in float32 decoding runs the C kernel; the same steps with
     PyTorch ops only (as on GPU) give the same outputs, centres and CPS.
     Head sizes 32 and 64 run the kernel's specialised copies."""
-    assert kernels.flexible_band_function() is not None, "the C kernel did not build"
+    assert kernels.available(), "the native kernels did not build"
     torch.manual_seed(0)
     attn = FlexibleAttention(HEADS * head_dim, HEADS, encoder_decoder_attention=True, sigma=2.0,
                              threshold=0.9).eval()
@@ -167,20 +167,20 @@ def test_c_kernel_decodes_as_the_pytorch_ops(beam, head_dim):
 
 
 @pytest.mark.parametrize("cc, reason", [("/nonexistent/cc", "no C compiler found"),
-                                        ("false", "false failed on flexible_band.c")])
+                                        ("false", "false failed on beam_candidates.c")])
 def test_without_a_c_kernel_decoding_falls_back_to_pytorch_ops(cc, reason, tmp_path,
                                                                monkeypatch, caplog):
     monkeypatch.setenv("CC", cc)
     monkeypatch.setenv("FAIRSEQ_HARDATTN_KERNEL_DIR", str(tmp_path))
-    monkeypatch.setattr(kernels, "_loaded", {})
+    monkeypatch.setattr(kernels, "_state", {})
     with pytest.raises(RuntimeError, match=reason):
-        kernels.build("flexible_band")
+        kernels.build.build()
     attn = FlexibleAttention(EMBED, HEADS, encoder_decoder_attention=True, threshold=0.9).eval()
     with caplog.at_level("WARNING"):
         out, _, summary = decode_float32(attn, True, sentences=2, beam=2, src_len=20)
-    warnings = [r.getMessage() for r in caplog.records if "C kernel" in r.getMessage()]
+    warnings = [r.getMessage() for r in caplog.records if "native kernels" in r.getMessage()]
     assert len(warnings) == 1  # once per process, not once per step
-    assert f"the C kernel flexible_band is unavailable ({reason}" in warnings[0]
+    assert f"the native kernels are unavailable ({reason}" in warnings[0]
     assert "using PyTorch ops instead" in warnings[0]
     assert torch.isfinite(out).all() and summary["cps"] < summary["global_cps"]
     assert not list(tmp_path.iterdir())  # nothing half-built left behind
@@ -188,7 +188,7 @@ def test_without_a_c_kernel_decoding_falls_back_to_pytorch_ops(cc, reason, tmp_p
 
 def test_kernels_can_be_turned_off(monkeypatch):
     monkeypatch.setenv("FAIRSEQ_HARDATTN_KERNELS", "0")
-    assert kernels.flexible_band_function() is None
+    assert not kernels.available()
 
 
 @pytest.mark.parametrize("threshold", [None, 0.3])

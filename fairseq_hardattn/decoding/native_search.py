@@ -1,0 +1,270 @@
+"""The plugin's beam search as one native call per batch
+(``kernels/search.cpp``): on a CPU, every step of one model's search (the
+decoder's layers, the output projection, the candidates, the beams' update,
+the finished hypotheses, the lineage's reorders) runs without returning to
+Python, the GIL released. A step of the Python search is a few dozen
+operator calls around the kernels, which cost more than the arithmetic
+when few hypotheses are left: one sentence at a time, the tail of every
+batch.
+
+It runs beam search with one model whose decoder the direct step takes
+(``direct_step``: fairseq's layers, attention kinds with a native step,
+every norm ``layer_norm.c``'s, every Linear layer plain float32 or on
+oneDNN's packed kernel) and whose output projection is oneDNN's packed
+Linear or a plain one without a bias; not sampling, an ensemble, a prefix, n-gram
+blocking or a shortlist (``why_not`` says what keeps a call on the Python
+search; logged at debug). The same hypotheses and scores as the Python
+search, bit for bit: the same operations on the same tensors.
+"""
+
+import logging
+import weakref
+from typing import Dict, List, Optional
+
+import torch
+import torch.nn.functional as F
+from fairseq.models.transformer import TransformerEncoderBase
+from fairseq.modules import MultiheadAttention
+from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
+from torch import Tensor, nn
+
+from .. import kernels
+from ..modules.soft_attention import SoftAttention
+from . import direct_step, engines
+from .packed_linear import packed_of
+from .row_shapes import padded_rows
+
+logger = logging.getLogger(__name__)
+
+
+def why_not(generator, models, src_tokens: Tensor, prefix_tokens: Optional[Tensor], packed_layers) -> Optional[str]:
+    """None where the native search runs this call of ``generator``
+    (``PluginBeamSearch``); else what keeps it on the Python search."""
+    if generator.sampling:
+        return "sampling"
+    if len(models) != 1:
+        return "an ensemble"
+    if prefix_tokens is not None:
+        return "a prefix (--prefix-size)"
+    if generator.repeat_ngram_blocker is not None:
+        return "n-gram blocking (--no-repeat-ngram-size)"
+    model = models[0]
+    if getattr(model, "shortlist", None) is not None:
+        return "a shortlist"
+    if src_tokens.is_cuda:
+        return "a GPU"
+    decoder = model.decoder
+    step = engines.step_of(getattr(decoder, "decoding_engine", "fairseq"), src_tokens)
+    if step != engines.LINEAGE_STEP:
+        return f"the {step} step"
+    if not kernels.has_blas():
+        return "no native library here (or PyTorch exports no BLAS)"
+    reason = direct_step.supports(decoder)
+    if reason is not None:
+        return reason
+    if any(part is not None for part in (decoder.project_in_dim, decoder.project_out_dim, decoder.layernorm_embedding,
+                                         decoder.adaptive_softmax)):
+        return "an embedding projection, norm or adaptive softmax"
+    if _projection_kind(decoder.output_projection, packed_layers) is None:
+        return "an output projection that is not plain float32 (int8, bfloat16) or has a bias"
+    if _decoder(model) is None:
+        return "a sublayer or norm the kernels do not compute with PyTorch's bits here"
+    return None
+
+
+def _projection_kind(projection: nn.Module, packed_layers) -> Optional[str]:
+    if projection in packed_layers and packed_of(projection) is not None:
+        return "packed"
+    if (type(projection) is nn.Linear and "forward" not in vars(projection) and projection.bias is None
+            and projection.weight.dtype == torch.float32):
+        return "mm"
+    return None
+
+
+class _NativeDecoder:
+    """A decoder as the native search reads it: its layers and norms
+    (``direct_step``'s), its cross-attention's key and value projections, its
+    embeddings. A model prepared for decoding (fairseq's tools, whose weights
+    are final) keeps it from one call to the next while its weights stay the
+    same tensors at the same versions; another's is the call's own, as its
+    packed weights are (``packed_linear``: fairseq's optimizer updates
+    weights through ``.data``, which leaves their versions as they were)."""
+
+    def __init__(self, decoder, layers, source_weights):
+        self.layers = layers.native
+        self.source_weights = source_weights
+        self.embed_weight = decoder.embed_tokens.weight.detach()
+        self.embed_scale = float(decoder.embed_scale)
+        self.positions: Optional[Tensor] = None
+        self.transposed: Optional[Tensor] = None
+
+    @classmethod
+    def of(cls, decoder) -> Optional["_NativeDecoder"]:
+        layers = direct_step.native_layers(decoder)
+        sources = [(direct_step.linear_spec(layer.encoder_attn.k_proj), direct_step.linear_spec(layer.encoder_attn.v_proj))
+                   for layer in decoder.layers]
+        return None if layers is None or any(None in pair for pair in sources) else cls(decoder, layers, sources)
+
+    def positions_for(self, decoder, capacity: int) -> Optional[Tensor]:
+        """The position embedding of each step up to ``capacity`` (the
+        decoder's positions of a whole prefix, the rows an incremental step
+        reads), computed once for the longest call."""
+        if decoder.embed_positions is None:
+            return None
+        if self.positions is None or self.positions.size(0) < capacity:
+            tokens = torch.full((1, capacity), decoder.padding_idx + 1, dtype=torch.long)
+            self.positions = decoder.embed_positions(tokens)[0].detach().contiguous()
+        return self.positions
+
+
+# each prepared model's encoder and decoder as the native search reads them: (their marks, it)
+_native_parts: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKeyDictionary()
+
+
+def _kept(model, part, made):
+    """``made(part)`` (``part``: ``model``'s encoder or decoder), kept for the
+    next call where the model is prepared for decoding and ``part``'s
+    parameters stay the same tensors at the same versions."""
+    if not getattr(model, "prepared_for_inference", False):
+        return made(part)
+    marks = tuple((p.data_ptr(), p._version) for p in part.parameters())
+    kept = _native_parts.get(part)
+    if kept is None or kept[0] != marks:
+        kept = _native_parts[part] = (marks, made(part))
+    return kept[1]
+
+
+def _decoder(model) -> Optional[_NativeDecoder]:
+    """``model``'s decoder as a ``_NativeDecoder``, None where its layers are not the kernels'."""
+    return _kept(model, model.decoder, _NativeDecoder.of)
+
+
+class _NativeEncoder:
+    """fairseq's encoder layers (and last norm) as one native call
+    (``kernels/encoder.cpp``): the operators its Python calls, on the same
+    tensors in the same order. Kept as ``_NativeDecoder`` is."""
+
+    def __init__(self, encoder):
+        self.layers = kernels.native().Encoder(pre_norm=encoder.layers[0].normalize_before,
+                                               last_norm=_norm_weights(encoder.layer_norm))
+        for layer in encoder.layers:
+            attention = layer.self_attn
+            self.layers.add(q=_weights(attention.q_proj), k=_weights(attention.k_proj), v=_weights(attention.v_proj),
+                            out=_weights(attention.out_proj), fc1=direct_step.linear_spec(layer.fc1),
+                            fc2=direct_step.linear_spec(layer.fc2), self_norm=_norm_weights(layer.self_attn_layer_norm),
+                            final_norm=_norm_weights(layer.final_layer_norm), heads=attention.num_heads)
+
+    @classmethod
+    def of(cls, encoder) -> Optional["_NativeEncoder"]:
+        return cls(encoder) if kernels.has_blas() and _encoder_why_not(encoder) is None else None
+
+
+def _weights(linear: nn.Linear):
+    # (the parameters themselves, as fairseq's calls take them: see direct_step._plain_weights)
+    return linear.weight, linear.bias
+
+
+def _norm_weights(norm: Optional[nn.LayerNorm]):
+    return None if norm is None else (norm.weight, norm.bias, norm.eps)
+
+
+def _encoder_why_not(encoder) -> Optional[str]:
+    """None where ``_NativeEncoder`` computes ``encoder``'s layers; else why not."""
+    kind = type(encoder)
+    if (not isinstance(encoder, TransformerEncoderBase) or kind.forward is not TransformerEncoderBase.forward
+            or kind.forward_scriptable is not TransformerEncoderBase.forward_scriptable
+            or encoder.return_fc or not encoder.layers):
+        return f"{kind.__name__} encodes its own way"
+    if direct_step.has_hooks(encoder):
+        return "forward hooks on the encoder's modules"
+    for layer in encoder.layers:
+        attention = layer.self_attn
+        if (type(layer).forward is not TransformerEncoderLayerBase.forward or layer.return_fc
+                or layer.activation_fn is not F.relu or layer.normalize_before != encoder.layers[0].normalize_before):
+            return "an encoder layer of its own"
+        # fairseq's attention as it runs a whole sequence (torch's multi-head attention)
+        if (type(attention) not in (MultiheadAttention, SoftAttention) or attention.onnx_trace
+                or attention.skip_embed_dim_check or attention.use_xformers or attention.bias_k is not None
+                or attention.add_zero_attn or attention.q_proj.bias is None):
+            return f"{type(attention).__name__} encoder attention"
+        if (any(type(p) is not nn.Linear or p.weight.dtype != torch.float32
+                for p in (attention.q_proj, attention.k_proj, attention.v_proj, attention.out_proj))
+                or direct_step.linear_spec(layer.fc1) is None or direct_step.linear_spec(layer.fc2) is None):
+            return "an encoder Linear layer that is not plain float32"
+        for norm in (layer.self_attn_layer_norm, layer.final_layer_norm):
+            if type(norm) is not nn.LayerNorm or norm.weight is None or norm.bias is None:
+                return "an encoder norm other than nn.LayerNorm"
+    if encoder.layer_norm is not None and (type(encoder.layer_norm) is not nn.LayerNorm
+                                           or encoder.layer_norm.weight is None):
+        return "an encoder norm other than nn.LayerNorm"
+    return None
+
+
+def _encoder(model) -> Optional[_NativeEncoder]:
+    return _kept(model, model.encoder, _NativeEncoder.of)
+
+
+def encode(model, net_input: Dict[str, Tensor], padded: List[int]) -> Dict[str, List[Tensor]]:
+    """``model.encoder.forward_torchscript(net_input)``'s output and padding:
+    fairseq's embedding, then the layers in one native call where
+    ``_NativeEncoder`` takes them."""
+    encoder = model.encoder
+    native = _encoder(model)
+    if native is None:
+        return encoder.forward_torchscript(net_input)
+    src_tokens = net_input["src_tokens"]
+    padding = src_tokens.eq(encoder.padding_idx)
+    has_pads = padding.any()
+    x, _ = encoder.forward_embedding(src_tokens)
+    x = x * (1 - padding.unsqueeze(-1).type_as(x) * has_pads.type_as(x))
+    x = native.layers(x.transpose(0, 1), padding if has_pads else None, padded)
+    return {"encoder_out": [x], "encoder_padding_mask": [padding]}
+
+
+_padded: List[int] = []
+
+
+def _padded_rows_table(rows: int) -> List[int]:
+    """``padded_rows(r)`` for r in 0..rows."""
+    while len(_padded) <= rows:
+        _padded.append(padded_rows(len(_padded)))
+    return _padded[:rows + 1]
+
+
+def search(generator, model, sample: Dict[str, Dict[str, Tensor]], bos_token: Optional[int], packed_layers,
+           block: int) -> List[List[Dict[str, Tensor]]]:
+    """``generator._search``'s hypotheses for ``sample`` (``why_not`` is
+    None), each sentence's sorted by score; the packed output projection
+    runs ``block`` rows at a time, as the Python search's."""
+    net_input = sample["net_input"]
+    src_tokens = net_input["src_tokens"]
+    bsz, src_len = src_tokens.size()[:2]
+    max_len = min(int(generator.max_len_a * src_len + generator.max_len_b), generator.max_len - 1)
+    assert generator.min_len <= max_len, "min_len cannot be larger than max_len, please adjust these!"
+    decoder = model.decoder
+    native = _decoder(model)
+    rows0 = bsz * generator.beam_size
+    padded = _padded_rows_table(max(rows0, block, bsz * src_len))
+    encoder_out = encode(model, net_input, padded)
+    padding = encoder_out["encoder_padding_mask"]
+    projection = decoder.output_projection
+    if _projection_kind(projection, packed_layers) == "packed":
+        projected = kernels.native().Projection(transposed=None, packed=direct_step.linear_spec(projection),
+                                                block=block)
+    else:
+        if native.transposed is None:
+            native.transposed = projection.weight.detach().t().contiguous()
+        projected = kernels.native().Projection(transposed=native.transposed, packed=None, block=block)
+    found = kernels.native().beam_search(
+        decoder=native.layers, source_weights=native.source_weights, encoder_out=encoder_out["encoder_out"][0],
+        encoder_padding=padding[0] if padding else None, embed_weight=native.embed_weight,
+        embed_scale=native.embed_scale, positions=native.positions_for(decoder, max_len + 1), projection=projected,
+        padded_rows=padded,
+        beam=generator.beam_size, max_len=max_len, min_len=generator.min_len,
+        bos=generator.eos if bos_token is None else bos_token, eos=generator.eos, pad=generator.pad,
+        pad_column=generator.pad, unk=generator.unk, vocab=generator.vocab_size,
+        unk_penalty=float(generator.unk_penalty), temperature=float(generator.temperature),
+        len_penalty=float(generator.len_penalty), normalize_scores=bool(generator.normalize_scores))
+    empty = torch.empty(0)
+    return [[{"tokens": tokens, "score": score, "attention": empty, "alignment": empty, "positional_scores": scores}
+             for tokens, score, scores in hypotheses] for hypotheses in found]

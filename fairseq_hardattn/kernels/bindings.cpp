@@ -1,0 +1,553 @@
+// The native library's Python module (fairseq_hardattn.kernels): each
+// kernel of native.h as a function of tensors, checked here (dtype, device,
+// shape, contiguity) and run with the GIL released; the decoder's layers as
+// objects made once per decoding call; the header's constants as the
+// module's tables. The native search is search.cpp's, the encoder
+// encoder.cpp's.
+#include <dlfcn.h>
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "native.h"
+#include "module.h"
+
+namespace py = pybind11;
+
+namespace fairseq_hardattn {
+
+void require(bool ok, const std::string &what) {
+    if (!ok) throw py::value_error(what);
+}
+
+void check_tensor(const at::Tensor &t, at::ScalarType dtype, const char *name, bool contiguous) {
+    require(t.device().is_cpu(), std::string(name) + ": a CPU tensor");
+    require(t.scalar_type() == dtype, std::string(name) + ": dtype " + c10::toString(dtype) + ", got " +
+                                          c10::toString(t.scalar_type()));
+    require(!contiguous || t.is_contiguous(), std::string(name) + ": a contiguous tensor");
+}
+
+const fh_blas *torch_blas() {
+    // PyTorch's own BLAS, the one its float32 Linear calls on a CPU (this
+    // library links PyTorch's, which exports it); NULL where it does not
+    static const fh_blas blas = [] {
+        fh_blas found{};
+        found.gemm = reinterpret_cast<fh_gemm_fn>(dlsym(RTLD_DEFAULT, "sgemm_"));
+        found.gemv = reinterpret_cast<fh_gemv_fn>(dlsym(RTLD_DEFAULT, "sgemv_"));
+        if (!found.gemm || !found.gemv) {
+            void *torch_cpu = dlopen("libtorch_cpu.so", RTLD_LAZY | RTLD_NOLOAD);
+            if (torch_cpu) {
+                found.gemm = reinterpret_cast<fh_gemm_fn>(dlsym(torch_cpu, "sgemm_"));
+                found.gemv = reinterpret_cast<fh_gemv_fn>(dlsym(torch_cpu, "sgemv_"));
+            }
+        }
+        return found;
+    }();
+    return blas.gemm && blas.gemv ? &blas : nullptr;
+}
+
+const fh_blas &blas_or_raise() {
+    const fh_blas *blas = torch_blas();
+    require(blas != nullptr, "PyTorch's library exports no sgemm_/sgemv_ here");
+    return *blas;
+}
+
+std::string &product_error() {
+    thread_local std::string said;
+    return said;
+}
+
+void raise_for_status(const char *name, int status) {
+    if (status == 2) throw std::bad_alloc();
+    if (status == 3) throw std::runtime_error(std::string(name) + ": a Linear layer's product failed: " + product_error());
+    if (status != 0)
+        throw py::value_error(std::string(name) + ": k <= " + std::to_string(FH_STEP_MAX_K) +
+                              " and at least one position to attend");
+}
+
+fh_linear linear_of(const LinearWeights &weights, std::vector<at::Tensor> &kept) {
+    const auto &[weight, bias] = weights;
+    check_tensor(weight, at::kFloat, "a Linear weight", true);
+    require(weight.dim() == 2, "a Linear weight: (out, in)");
+    fh_linear linear{weight.data_ptr<float>(), nullptr, weight.size(0), weight.size(1), nullptr, nullptr};
+    kept.push_back(weight);
+    if (bias) {
+        check_tensor(*bias, at::kFloat, "a Linear bias", true);
+        require(bias->numel() == weight.size(0), "a Linear bias: (out,)");
+        linear.bias = bias->data_ptr<float>();
+        kept.push_back(*bias);
+    }
+    return linear;
+}
+
+PackedLinear::PackedLinear(at::Tensor packed, std::optional<at::Tensor> bias, int64_t in, int64_t out)
+    : packed(std::move(packed)), bias(std::move(bias)), in(in), out(out) {
+    require(!this->bias || this->bias->numel() == out, "a packed Linear's bias: (out,)");
+}
+
+at::Tensor PackedLinear::operator()(const at::Tensor &x, const std::vector<int64_t> &padded) const {
+    const int64_t rows = x.size(0);
+    require(rows < static_cast<int64_t>(padded.size()), "the padded rows of every row count");
+    const int64_t target = padded[rows];
+    at::Tensor input = target == rows ? x : at::cat({x, at::zeros({target - rows, in}, x.options())});
+    static const c10::OperatorHandle op =
+        c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
+    torch::jit::Stack stack{input, packed, bias ? c10::IValue(*bias) : c10::IValue(), c10::IValue(std::string("none")),
+                            c10::IValue(c10::List<std::optional<at::Scalar>>()), c10::IValue(std::string(""))};
+    op.callBoxed(&stack);
+    at::Tensor y = stack[0].toTensor();
+    return target == rows ? y : y.narrow(0, 0, rows);
+}
+
+fh_linear linear_of(const LinearSpec &spec, std::vector<at::Tensor> &kept,
+                    std::vector<std::shared_ptr<PackedLinear>> &packed) {
+    if (const auto *weights = std::get_if<LinearWeights>(&spec)) return linear_of(*weights, kept);
+    const auto &layer = std::get<std::shared_ptr<PackedLinear>>(spec);
+    packed.push_back(layer);
+    return fh_linear{nullptr, nullptr, layer->out, layer->in, nullptr, layer.get()};
+}
+
+fh_norm norm_of(const NormWeights &weights, int64_t embed, std::vector<at::Tensor> &kept) {
+    const auto &[weight, bias, eps] = weights;
+    for (const at::Tensor *t : {&weight, &bias}) {
+        check_tensor(*t, at::kFloat, "a LayerNorm's weight and bias", true);
+        require(t->numel() == embed, "a LayerNorm over the features");
+        kept.push_back(*t);
+    }
+    return fh_norm{weight.data_ptr<float>(), bias.data_ptr<float>(), static_cast<float>(eps)};
+}
+
+fh_norm_variant variant_of(const std::tuple<int, bool> &variant) {
+    return fh_norm_variant{std::get<0>(variant), std::get<1>(variant) ? 1 : 0};
+}
+
+Source::Source(at::Tensor keys, std::optional<at::Tensor> keys_t, at::Tensor values,
+               std::optional<at::Tensor> padding, int64_t group, std::optional<at::Tensor> sentences) {
+    check_tensor(keys, at::kFloat, "source keys", false);
+    check_tensor(values, at::kFloat, "source values", false);
+    require(keys.dim() == 4 && keys.sizes() == values.sizes(), "source keys and values: (sentences, heads, len, dim)");
+    if (keys.strides() != values.strides() || keys.stride(3) != 1) {
+        keys = keys.contiguous();
+        values = values.contiguous();
+    }
+    kept = {keys, values};
+    part.keys = keys.data_ptr<float>();
+    part.values = values.data_ptr<float>();
+    part.sentence_stride = keys.stride(0);
+    part.head_stride = keys.stride(1);
+    part.position_stride = keys.stride(2);
+    part.len = keys.size(2);
+    part.group = group;
+    if (keys_t) {
+        check_tensor(*keys_t, at::kFloat, "transposed source keys", true);
+        part.keys_t = keys_t->data_ptr<float>();
+        kept.push_back(*keys_t);
+    }
+    if (padding) {
+        require(padding->scalar_type() == at::kBool || padding->scalar_type() == at::kByte,
+                "source padding: bool");
+        at::Tensor contiguous = padding->contiguous();
+        part.padding = static_cast<const uint8_t *>(contiguous.data_ptr());
+        kept.push_back(contiguous);
+    }
+    if (sentences) {
+        check_tensor(*sentences, at::kLong, "the sentences' table", true);
+        part.sentences = sentences->data_ptr<int64_t>();
+        kept.push_back(*sentences);
+    }
+}
+
+Attention::Attention(LinearSpec q, std::optional<LinearSpec> k, std::optional<LinearSpec> v, LinearSpec out,
+                     int64_t heads, int64_t head_dim, double scale, int mode, int64_t top_k) {
+    layer.q = linear_of(q, kept, packed);
+    if (k) layer.k = linear_of(*k, kept, packed);
+    if (v) layer.v = linear_of(*v, kept, packed);
+    layer.out = linear_of(out, kept, packed);
+    require(layer.q.out == heads * head_dim && layer.out.in == heads * head_dim, "heads x head_dim projections");
+    require(mode >= 0 && mode < FH_ATTENTION_MODE_COUNT, "an attention mode of ATTENTION_MODES");
+    layer.heads = heads;
+    layer.head_dim = head_dim;
+    layer.attending = fh_attending{mode, static_cast<float>(scale), top_k, nullptr, 0.0f, 1.0f};
+}
+
+FeedForward::FeedForward(LinearSpec fc1, LinearSpec fc2) {
+    first = linear_of(fc1, kept, packed);
+    second = linear_of(fc2, kept, packed);
+    require(first.out == second.in, "fc1's outputs are fc2's inputs");
+}
+
+DecoderLayers::DecoderLayers(bool pre_norm, std::tuple<int, bool> variant, std::optional<NormWeights> last_norm,
+                             int64_t embed)
+    : pre_norm(pre_norm), variant(variant_of(variant)), embed(embed) {
+    if (last_norm) this->last_norm = norm_of(*last_norm, embed, kept);
+}
+
+void DecoderLayers::add(const Attention &self_attention, const Attention &cross_attention,
+                        const FeedForward &feed_forward, const NormWeights &self_norm, const NormWeights &cross_norm,
+                        const NormWeights &final_norm) {
+    require(self_attention.layer.k.in && self_attention.layer.v.in, "self-attention's k and v projections");
+    fh_decoder_layer layer{};
+    layer.self_attention = self_attention.layer;
+    layer.cross_attention = cross_attention.layer;
+    layer.fc1 = feed_forward.first;
+    layer.fc2 = feed_forward.second;
+    layer.self_norm = norm_of(self_norm, embed, kept);
+    layer.cross_norm = norm_of(cross_norm, embed, kept);
+    layer.final_norm = norm_of(final_norm, embed, kept);
+    for (const auto *part : {&self_attention.kept, &cross_attention.kept, &feed_forward.kept})
+        kept.insert(kept.end(), part->begin(), part->end());
+    for (const auto *part : {&self_attention.packed, &cross_attention.packed, &feed_forward.packed})
+        packed.insert(packed.end(), part->begin(), part->end());
+    layers.push_back(layer);
+}
+
+namespace {
+
+at::Tensor features_checked(const at::Tensor &x, int64_t embed, const char *name) {
+    check_tensor(x, at::kFloat, name, true);
+    require(x.dim() == 2 && x.size(1) == embed, std::string(name) + ": (rows, embed)");
+    return x;
+}
+
+fh_lineage lineage_of(const at::Tensor &keys, const at::Tensor &values, const at::Tensor &ancestors, int64_t length,
+                      int64_t rows) {
+    check_tensor(keys, at::kFloat, "lineage keys", true);
+    check_tensor(values, at::kFloat, "lineage values", true);
+    check_tensor(ancestors, at::kLong, "ancestors", false);
+    require(keys.dim() == 4 && keys.sizes() == values.sizes(), "lineage caches: (capacity, rows0, heads, dim)");
+    require(ancestors.dim() == 2 && ancestors.stride(1) == 1 && ancestors.size(0) >= rows &&
+                ancestors.size(1) >= length && length <= keys.size(0),
+            "ancestors: (>= rows, >= length), rows contiguous");
+    return fh_lineage{keys.data_ptr<float>(), values.data_ptr<float>(), ancestors.data_ptr<int64_t>(),
+                      ancestors.stride(0), keys.size(1), length};
+}
+
+void step_attention_binding(const at::Tensor &q, at::Tensor &out, int mode, double scale, int64_t k,
+                            const std::optional<Source> &source, const std::optional<at::Tensor> &keys,
+                            const std::optional<at::Tensor> &values, const std::optional<at::Tensor> &ancestors,
+                            int64_t length, const std::optional<at::Tensor> &centres, double window,
+                            double gaussian) {
+    check_tensor(q, at::kFloat, "q", true);
+    check_tensor(out, at::kFloat, "out", true);
+    require(q.dim() == 3 && out.sizes() == q.sizes(), "q and out: (rows, heads, dim)");
+    const int64_t rows = q.size(0), heads = q.size(1), dim = q.size(2);
+    require(mode >= 0 && mode < FH_ATTENTION_MODE_COUNT, "an attention mode of ATTENTION_MODES");
+    fh_lineage lineage{};
+    if (keys) {
+        require(values && ancestors, "the lineage's keys, values and ancestors");
+        lineage = lineage_of(*keys, *values, *ancestors, length, rows);
+    }
+    fh_attending attending{mode, static_cast<float>(scale), k, nullptr, static_cast<float>(window),
+                           static_cast<float>(gaussian)};
+    if (centres) {
+        check_tensor(*centres, at::kFloat, "centres", true);
+        require(centres->numel() == rows * heads, "centres: (rows, heads)");
+        attending.centres = centres->data_ptr<float>();
+    }
+    require(mode != FH_MODE_LOCAL || (centres && source), "local attention: its centres and a source");
+    int status;
+    {
+        py::gil_scoped_release released;
+        status = step_attention(q.data_ptr<float>(), rows, heads, dim, source ? &source->part : nullptr,
+                                keys ? &lineage : nullptr, &attending, out.data_ptr<float>());
+    }
+    raise_for_status("step_attention", status);
+}
+
+void flexible_band_binding(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                           const std::optional<at::Tensor> &padding, const at::Tensor &centre, const at::Tensor &gate,
+                           int64_t beam, int64_t heads, double scaling, double sigma, double two_tau,
+                           double penalty_coef, at::Tensor &out, at::Tensor &new_centre, at::Tensor &scored) {
+    for (const at::Tensor *t : std::initializer_list<const at::Tensor *>{&q, &k, &v, &centre, &gate, &out, &new_centre})
+        check_tensor(*t, at::kFloat, "flexible_band_step's float32 tensors", true);
+    check_tensor(scored, at::kLong, "scored", true);
+    require(q.dim() == 2 && k.dim() == 3 && k.sizes() == v.sizes() && k.size(2) == q.size(1),
+            "q (rows, head_dim); k, v (kv_rows, src_len, head_dim)");
+    const uint8_t *padded = nullptr;
+    at::Tensor padding_kept;
+    if (padding) {
+        padding_kept = padding->contiguous();
+        padded = static_cast<const uint8_t *>(padding_kept.data_ptr());
+    }
+    int status;
+    {
+        py::gil_scoped_release released;
+        status = flexible_band_step(q.data_ptr<float>(), q.size(0), q.size(1), static_cast<float>(scaling),
+                                    k.data_ptr<float>(), v.data_ptr<float>(), k.size(1), padded, beam, heads,
+                                    centre.data_ptr<float>(), gate.data_ptr<float>(), static_cast<float>(sigma),
+                                    static_cast<float>(two_tau), static_cast<float>(penalty_coef),
+                                    out.data_ptr<float>(), new_centre.data_ptr<float>(), scored.data_ptr<int64_t>());
+    }
+    if (status != 0) throw std::bad_alloc();
+}
+
+void beam_candidates_binding(const at::Tensor &logits, const at::Tensor &columns, const at::Tensor &adds, int64_t k,
+                             at::Tensor &top_vals, at::Tensor &top_idx, at::Tensor &lse) {
+    check_tensor(logits, at::kFloat, "logits", false);
+    require(logits.dim() == 2 && logits.stride(1) == 1, "logits: (rows, vocab), rows contiguous");
+    check_tensor(columns, at::kLong, "special columns", true);
+    check_tensor(adds, at::kFloat, "special adds", true);
+    require(columns.numel() == adds.numel(), "a value to add to each special column");
+    const int64_t rows = logits.size(0), vocab = logits.size(1);
+    require(k >= 1 && k <= vocab, "1 <= k <= vocab");
+    check_tensor(top_vals, at::kFloat, "top values", false);
+    check_tensor(top_idx, at::kLong, "top indices", false);
+    check_tensor(lse, at::kFloat, "normalisers", false);
+    require(top_vals.size(0) == rows && top_vals.size(1) == k && top_vals.stride(0) == k && top_vals.stride(1) == 1 &&
+                top_idx.size(0) == rows && top_idx.size(1) == k && top_idx.stride(0) == k && top_idx.stride(1) == 1 &&
+                lse.numel() == rows && (rows < 2 || lse.stride(0) == 1),
+            "outputs: (rows, k) contiguous, and (rows, 1)");
+    py::gil_scoped_release released;
+    beam_candidates(logits.data_ptr<float>(), rows, vocab, logits.stride(0), columns.data_ptr<int64_t>(),
+                    adds.data_ptr<float>(), columns.numel(), k, top_vals.data_ptr<float>(),
+                    top_idx.data_ptr<int64_t>(), lse.data_ptr<float>());
+}
+
+void ensemble_log_probs_binding(const std::vector<at::Tensor> &logits, at::Tensor &out) {
+    require(!logits.empty(), "the models' logits");
+    std::vector<int64_t> addresses, strides;
+    for (const at::Tensor &x : logits) {
+        check_tensor(x, at::kFloat, "a model's logits", false);
+        require(x.dim() == 2 && x.stride(1) == 1 && x.sizes() == logits[0].sizes(),
+                "each model's logits: (rows, vocab), rows contiguous");
+        addresses.push_back(reinterpret_cast<int64_t>(x.data_ptr<float>()));
+        strides.push_back(x.stride(0));
+    }
+    check_tensor(out, at::kFloat, "out", true);
+    require(out.sizes() == logits[0].sizes(), "out: (rows, vocab)");
+    int status;
+    {
+        py::gil_scoped_release released;
+        status = ensemble_log_probs(addresses.data(), strides.data(), static_cast<int64_t>(logits.size()),
+                                    out.size(0), out.size(1), out.data_ptr<float>());
+    }
+    raise_for_status("ensemble_log_probs", status);
+}
+
+void read_back_binding(const at::Tensor &step_tokens, const at::Tensor &step_scores, const at::Tensor &step_parents,
+                       const at::Tensor &rows, int64_t step, at::Tensor &tokens, at::Tensor &scores) {
+    check_tensor(step_tokens, at::kLong, "step tokens", true);
+    check_tensor(step_scores, at::kFloat, "step scores", true);
+    check_tensor(step_parents, at::kLong, "step parents", true);
+    check_tensor(rows, at::kLong, "rows", true);
+    check_tensor(tokens, at::kLong, "tokens", true);
+    check_tensor(scores, at::kFloat, "scores", true);
+    require(step_scores.sizes() == step_tokens.sizes() && step_parents.sizes() == step_tokens.sizes() &&
+                step_tokens.size(0) >= step && tokens.size(0) == rows.numel() && tokens.size(1) == step + 1 &&
+                scores.sizes() == tokens.sizes(),
+            "histories (steps, stride); tokens and scores (n, step + 1)");
+    py::gil_scoped_release released;
+    read_back(step_tokens.data_ptr<int64_t>(), step_scores.data_ptr<float>(), step_parents.data_ptr<int64_t>(),
+              step_tokens.stride(0), rows.data_ptr<int64_t>(), rows.numel(), step, tokens.data_ptr<int64_t>(),
+              scores.data_ptr<float>());
+}
+
+at::Tensor layer_norm_binding(const at::Tensor &x, const at::Tensor &weight, const at::Tensor &bias, double eps,
+                              std::tuple<int, bool> variant) {
+    check_tensor(x, at::kFloat, "x", true);
+    require(x.dim() == 2, "x: (rows, n)");
+    std::vector<at::Tensor> kept;
+    const fh_norm norm = norm_of({weight, bias, eps}, x.size(1), kept);
+    at::Tensor y = at::empty_like(x);
+    int status;
+    {
+        py::gil_scoped_release released;
+        status = layer_norm(x.data_ptr<float>(), x.size(0), x.size(1), norm.weight, norm.bias, norm.eps,
+                            variant_of(variant), y.data_ptr<float>());
+    }
+    require(status == 0, "layer_norm: 8 or 16 lanes");
+    return y;
+}
+
+at::Tensor linear_product_binding(const at::Tensor &x, const LinearWeights &weights) {
+    const fh_blas &blas = blas_or_raise();
+    std::vector<at::Tensor> kept;
+    const fh_linear linear = linear_of(weights, kept);
+    features_checked(x, linear.in, "x");
+    at::Tensor y = at::empty({x.size(0), linear.out}, x.options());
+    py::gil_scoped_release released;
+    linear_product(&blas, x.data_ptr<float>(), x.size(0), &linear, y.data_ptr<float>());
+    return y;
+}
+
+// A sublayer kernel's call: x and residual (rows, embed) checked, the GIL
+// released while `run` writes residual + the sublayer into out
+template <class Run>
+at::Tensor sublayer(const char *name, const at::Tensor &x, const at::Tensor &residual, int64_t embed, bool packed,
+                    Run run) {
+    features_checked(x, embed, "x");
+    features_checked(residual, embed, "residual");
+    require(!packed, "float32 Linear layers (packed ones run in the native search)");
+    at::Tensor out = at::empty_like(residual);
+    int status;
+    {
+        py::gil_scoped_release released;
+        status = run(out.data_ptr<float>());
+    }
+    raise_for_status(name, status);
+    return out;
+}
+
+at::Tensor self_attention_sublayer_binding(const Attention &attention, const at::Tensor &x, const at::Tensor &residual,
+                                           at::Tensor &keys, at::Tensor &values, const at::Tensor &ancestors,
+                                           int64_t length) {
+    const fh_blas &blas = blas_or_raise();
+    require(attention.layer.k.weight && attention.layer.v.weight, "self-attention's k and v projections");
+    const int64_t rows = x.size(0), embed = attention.layer.q.in;
+    const fh_lineage lineage = lineage_of(keys, values, ancestors, length, rows);
+    require(length >= 1 && keys.size(1) >= rows && keys.size(2) == attention.layer.heads &&
+                keys.size(3) == attention.layer.head_dim,
+            "lineage caches of the attention's heads, this step's position written");
+    return sublayer("self_attention_sublayer", x, residual, embed, !attention.packed.empty(), [&](float *out) {
+        return self_attention_sublayer(&blas, x.data_ptr<float>(), residual.data_ptr<float>(), out, rows, embed,
+                                       &attention.layer, keys.data_ptr<float>(), values.data_ptr<float>(), &lineage);
+    });
+}
+
+at::Tensor cross_attention_sublayer_binding(const Attention &attention, const at::Tensor &x,
+                                            const at::Tensor &residual, const Source &source) {
+    const fh_blas &blas = blas_or_raise();
+    const int64_t embed = attention.layer.q.in;
+    return sublayer("cross_attention_sublayer", x, residual, embed, !attention.packed.empty(), [&](float *out) {
+        return cross_attention_sublayer(&blas, x.data_ptr<float>(), residual.data_ptr<float>(), out, x.size(0), embed,
+                                        &attention.layer, &source.part);
+    });
+}
+
+at::Tensor feed_forward_sublayer_binding(const FeedForward &feed_forward, const at::Tensor &x,
+                                         const at::Tensor &residual) {
+    const fh_blas &blas = blas_or_raise();
+    const int64_t embed = feed_forward.first.in;
+    return sublayer("feed_forward_sublayer", x, residual, embed, !feed_forward.packed.empty(), [&](float *out) {
+        return feed_forward_sublayer(&blas, x.data_ptr<float>(), residual.data_ptr<float>(), out, x.size(0), embed,
+                                     &feed_forward.first, &feed_forward.second);
+    });
+}
+
+at::Tensor decoder_step_binding(DecoderLayers &decoder, const at::Tensor &features,
+                                const std::vector<std::tuple<at::Tensor, at::Tensor>> &caches,
+                                const std::vector<Source> &sources, const at::Tensor &ancestors, int64_t length) {
+    const fh_blas &blas = blas_or_raise();
+    features_checked(features, decoder.embed, "features");
+    require(decoder.packed.empty(), "float32 Linear layers (packed ones run in the native search)");
+    const int64_t rows = features.size(0), n = static_cast<int64_t>(decoder.layers.size());
+    require(static_cast<int64_t>(caches.size()) == n && static_cast<int64_t>(sources.size()) == n,
+            "each layer's caches and source");
+    int64_t rows0 = 0, anc_stride = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        const auto &[keys, values] = caches[i];
+        const fh_lineage lineage = lineage_of(keys, values, ancestors, length, rows);
+        rows0 = lineage.rows0;
+        anc_stride = lineage.anc_stride;
+        decoder.layers[i].keys = keys.data_ptr<float>();
+        decoder.layers[i].values = values.data_ptr<float>();
+        decoder.layers[i].source = sources[i].part;
+    }
+    at::Tensor out = at::empty_like(features);
+    int status;
+    {
+        py::gil_scoped_release released;
+        status = decoder_step(&blas, features.data_ptr<float>(), out.data_ptr<float>(), rows, decoder.embed,
+                              decoder.layers.data(), n, decoder.pre_norm, ancestors.data_ptr<int64_t>(), anc_stride,
+                              rows0, length, decoder.last_norm ? &*decoder.last_norm : nullptr, decoder.variant);
+    }
+    raise_for_status("decoder_step", status);
+    return out;
+}
+
+at::Tensor sentence_generators_binding(const std::vector<uint64_t> &seeds) {
+    at::Tensor states = at::empty({static_cast<int64_t>(seeds.size()), FH_GENERATOR_STATE_WORDS}, at::kInt);
+    py::gil_scoped_release released;
+    seed_generators(seeds.data(), static_cast<int64_t>(seeds.size()),
+                    reinterpret_cast<uint32_t *>(states.data_ptr<int32_t>()));
+    return states;
+}
+
+void exponential_draws_binding(at::Tensor &states, at::Tensor &out) {
+    check_tensor(states, at::kInt, "states", true);
+    require(states.dim() == 2 && states.size(1) == FH_GENERATOR_STATE_WORDS, "states: (n, GENERATOR_STATE_WORDS)");
+    require(out.is_contiguous() && (out.scalar_type() == at::kFloat || out.scalar_type() == at::kDouble),
+            "exponential_draws: contiguous float32 or float64 draws, contiguous states");
+    const int64_t n = states.size(0);
+    const int64_t per = n ? out.numel() / n : 0;
+    py::gil_scoped_release released;
+    exponential_draws(reinterpret_cast<uint32_t *>(states.data_ptr<int32_t>()), n, per,
+                      out.scalar_type() == at::kFloat, out.data_ptr());
+}
+
+}  // namespace
+}  // namespace fairseq_hardattn
+
+PYBIND11_MODULE(_native, m) {
+    using namespace fairseq_hardattn;
+    m.doc() = "fairseq-hardattn's native kernels (native.h) and search (search.cpp)";
+    py::dict modes;
+#define FH_MODE_ENTRY(name, text) modes[text] = static_cast<int>(FH_MODE_##name);
+    FH_ATTENTION_MODES(FH_MODE_ENTRY)
+#undef FH_MODE_ENTRY
+    m.attr("ATTENTION_MODES") = modes;
+    m.attr("STEP_MAX_K") = static_cast<int>(FH_STEP_MAX_K);
+    m.attr("SOURCE_BLOCK") = static_cast<int>(FH_SOURCE_BLOCK);
+    m.attr("GENERATOR_STATE_WORDS") = static_cast<int>(FH_GENERATOR_STATE_WORDS);
+    m.def("has_blas", [] { return torch_blas() != nullptr; });
+
+    py::class_<Source>(m, "Source", "an attention step's source part: the encoder's keys and values per sentence")
+        .def(py::init<at::Tensor, std::optional<at::Tensor>, at::Tensor, std::optional<at::Tensor>, int64_t,
+                      std::optional<at::Tensor>>(),
+             py::kw_only(), py::arg("keys"), py::arg("keys_t"), py::arg("values"), py::arg("padding"),
+             py::arg("group"), py::arg("sentences"));
+    py::class_<PackedLinear, std::shared_ptr<PackedLinear>>(m, "PackedLinear",
+                                                            "oneDNN's packed float32 Linear layer")
+        .def(py::init<at::Tensor, std::optional<at::Tensor>, int64_t, int64_t>(), py::kw_only(), py::arg("packed"),
+             py::arg("bias"), py::arg("in_features"), py::arg("out_features"));
+    py::class_<Attention>(m, "Attention", "an attention sublayer's projections, heads and mode")
+        .def(py::init<LinearSpec, std::optional<LinearSpec>, std::optional<LinearSpec>, LinearSpec, int64_t, int64_t,
+                      double, int, int64_t>(),
+             py::kw_only(), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("heads"),
+             py::arg("head_dim"), py::arg("scale"), py::arg("mode"), py::arg("top_k"));
+    py::class_<FeedForward>(m, "FeedForward", "a feed-forward sublayer's Linear layers (ReLU between)")
+        .def(py::init<LinearSpec, LinearSpec>(), py::kw_only(), py::arg("fc1"), py::arg("fc2"));
+    py::class_<DecoderLayers>(m, "DecoderLayers", "a decoder's layers and norms as decoder_step reads them")
+        .def(py::init<bool, std::tuple<int, bool>, std::optional<NormWeights>, int64_t>(), py::kw_only(),
+             py::arg("pre_norm"), py::arg("norm_variant"), py::arg("last_norm"), py::arg("embed"))
+        .def("add", &DecoderLayers::add, py::kw_only(), py::arg("self_attention"), py::arg("cross_attention"),
+             py::arg("feed_forward"), py::arg("self_norm"), py::arg("cross_norm"), py::arg("final_norm"));
+
+    m.def("step_attention", &step_attention_binding, py::kw_only(), py::arg("q"), py::arg("out"), py::arg("mode"),
+          py::arg("scale"), py::arg("k"), py::arg("source"), py::arg("keys"), py::arg("values"),
+          py::arg("ancestors"), py::arg("length"), py::arg("centres"), py::arg("window"), py::arg("gaussian"));
+    m.def("step_attention_threads", [](int64_t rows, int64_t heads, int64_t dim, int64_t positions) {
+        return step_attention_threads(rows, heads, dim, positions);
+    });
+    m.def("flexible_band_step", &flexible_band_binding, py::kw_only(), py::arg("q"), py::arg("k"), py::arg("v"),
+          py::arg("padding"), py::arg("centre"), py::arg("gate"), py::arg("beam"), py::arg("heads"),
+          py::arg("scaling"), py::arg("sigma"), py::arg("two_tau"), py::arg("penalty_coef"), py::arg("out"),
+          py::arg("new_centre"), py::arg("scored"));
+    m.def("beam_candidates", &beam_candidates_binding, py::arg("logits"), py::arg("columns"), py::arg("adds"),
+          py::arg("k"), py::arg("top_vals"), py::arg("top_idx"), py::arg("lse"));
+    m.def("ensemble_log_probs", &ensemble_log_probs_binding, py::arg("logits"), py::arg("out"));
+    m.def("read_back", &read_back_binding, py::arg("step_tokens"), py::arg("step_scores"), py::arg("step_parents"),
+          py::arg("rows"), py::arg("step"), py::arg("tokens"), py::arg("scores"));
+    m.def("layer_norm", &layer_norm_binding, py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("eps"),
+          py::arg("variant"));
+    m.def("linear_product", &linear_product_binding, py::arg("x"), py::arg("linear"));
+    m.def("self_attention_sublayer", &self_attention_sublayer_binding, py::arg("attention"), py::arg("x"),
+          py::arg("residual"), py::arg("keys"), py::arg("values"), py::arg("ancestors"), py::arg("length"));
+    m.def("cross_attention_sublayer", &cross_attention_sublayer_binding, py::arg("attention"), py::arg("x"),
+          py::arg("residual"), py::arg("source"));
+    m.def("feed_forward_sublayer", &feed_forward_sublayer_binding, py::arg("feed_forward"), py::arg("x"),
+          py::arg("residual"));
+    m.def("decoder_step", &decoder_step_binding, py::arg("layers"), py::arg("features"), py::arg("caches"),
+          py::arg("sources"), py::arg("ancestors"), py::arg("length"));
+    m.def("sentence_generators", &sentence_generators_binding, py::arg("seeds"));
+    m.def("exponential_draws", &exponential_draws_binding, py::arg("states"), py::arg("out"));
+    register_search(m);
+    register_encoder(m);
+}

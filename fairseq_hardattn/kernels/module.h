@@ -1,0 +1,100 @@
+// The C++ side of the native library's Python module, shared by its two
+// files: bindings.cpp (the kernels of native.h as functions of tensors)
+// and search.cpp (the native search). The types hold the tensors whose
+// memory the kernels' structs point into.
+#ifndef FAIRSEQ_HARDATTN_MODULE_H
+#define FAIRSEQ_HARDATTN_MODULE_H
+
+#include <ATen/ATen.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <variant>
+#include <vector>
+
+#include "native.h"
+
+namespace fairseq_hardattn {
+
+// a Linear layer's (weight, bias or None); a LayerNorm's (weight, bias, eps)
+using LinearWeights = std::tuple<at::Tensor, std::optional<at::Tensor>>;
+using NormWeights = std::tuple<at::Tensor, at::Tensor, double>;
+
+// oneDNN's packed float32 Linear (decoding/packed_linear.py's
+// PackedProduct): its packed weight and bias, called on rows padded to the
+// few shapes of decoding/row_shapes.py (`padded[rows]`, a table the caller
+// gives)
+struct PackedLinear {
+    PackedLinear(at::Tensor packed, std::optional<at::Tensor> bias, int64_t in, int64_t out);
+    at::Tensor operator()(const at::Tensor &x, const std::vector<int64_t> &padded) const;
+    at::Tensor packed;
+    std::optional<at::Tensor> bias;
+    int64_t in, out;
+};
+// a Linear layer as the kernels take it: float32 weights, or a packed one
+using LinearSpec = std::variant<LinearWeights, std::shared_ptr<PackedLinear>>;
+
+// ValueError(what) unless ok
+void require(bool ok, const std::string &what);
+// ValueError unless a CPU tensor of dtype (and contiguous where asked)
+void check_tensor(const at::Tensor &t, at::ScalarType dtype, const char *name, bool contiguous);
+// PyTorch's own BLAS, or NULL where its library exports none
+const fh_blas *torch_blas();
+// an attention kernel's status as Python's error (MemoryError, ValueError)
+void raise_for_status(const char *name, int status);
+fh_linear linear_of(const LinearWeights &weights, std::vector<at::Tensor> &kept);
+// a packed layer's fh_linear: its sizes and `context` the PackedLinear; its
+// product is set by the native search, which gives the padded rows
+fh_linear linear_of(const LinearSpec &spec, std::vector<at::Tensor> &kept,
+                    std::vector<std::shared_ptr<PackedLinear>> &packed);
+fh_norm norm_of(const NormWeights &weights, int64_t embed, std::vector<at::Tensor> &kept);
+
+struct Source {
+    Source(at::Tensor keys, std::optional<at::Tensor> keys_t, at::Tensor values, std::optional<at::Tensor> padding,
+           int64_t group, std::optional<at::Tensor> sentences);
+    fh_source part{};
+    std::vector<at::Tensor> kept;
+};
+
+struct Attention {
+    Attention(LinearSpec q, std::optional<LinearSpec> k, std::optional<LinearSpec> v, LinearSpec out, int64_t heads,
+              int64_t head_dim, double scale, int mode, int64_t top_k);
+    fh_attention_layer layer{};
+    std::vector<at::Tensor> kept;
+    std::vector<std::shared_ptr<PackedLinear>> packed;
+};
+
+struct FeedForward {
+    FeedForward(LinearSpec fc1, LinearSpec fc2);
+    fh_linear first{}, second{};
+    std::vector<at::Tensor> kept;
+    std::vector<std::shared_ptr<PackedLinear>> packed;
+};
+
+struct DecoderLayers {
+    DecoderLayers(bool pre_norm, std::tuple<int, bool> variant, std::optional<NormWeights> last_norm, int64_t embed);
+    void add(const Attention &self_attention, const Attention &cross_attention, const FeedForward &feed_forward,
+             const NormWeights &self_norm, const NormWeights &cross_norm, const NormWeights &final_norm);
+    std::vector<fh_decoder_layer> layers;
+    int pre_norm;
+    fh_norm_variant variant;
+    int64_t embed;
+    std::optional<fh_norm> last_norm;
+    std::vector<at::Tensor> kept;
+    std::vector<std::shared_ptr<PackedLinear>> packed;
+};
+
+// what a product of another library that failed said (its status is 3)
+std::string &product_error();
+
+// search.cpp's and encoder.cpp's parts of the module
+void register_search(pybind11::module_ &m);
+void register_encoder(pybind11::module_ &m);
+
+}  // namespace fairseq_hardattn
+
+#endif
