@@ -141,6 +141,8 @@ class CheckedHub(hub_utils.GeneratorHubInterface):
             batch = hub_utils.utils.apply_to_sample(lambda t: t.to(self.device), batch)
             translations = self.task.inference_step(generator, self.models, batch, **(inference_step_args or {}))
             results.extend(zip(batch["id"].tolist(), translations))
+        if generator.__dict__.get("_pool") is not None:  # (the weights its workers forked with)
+            self._pool_weights = self._weights()
         return [hypotheses for _, hypotheses in sorted(results, key=lambda x: x[0])]
 
     def _generator(self, beam, kwargs):
@@ -149,19 +151,14 @@ class CheckedHub(hub_utils.GeneratorHubInterface):
         torch's seed and the models' weights stay the same (a generator's
         worker processes decode with the weights they were forked with);
         None where an option is not hashable."""
-        options = (beam, torch.initial_seed(), tuple(sorted(kwargs.items())),
-                   repr(OmegaConf.to_container(self.cfg.generation)))
+        options = (beam, torch.initial_seed(), tuple(sorted(kwargs.items())), _snapshot(self.cfg.generation))
         try:
             hash(options)
         except TypeError:
             return None
         kept = self.__dict__.setdefault("_generators", OrderedDict())
-        weights = tuple((p.data_ptr(), p._version) for model in self.models for p in model.parameters())
-        if self.__dict__.get("_generators_weights") != weights:
-            for generator in kept.values():
-                getattr(generator, "close_workers", lambda **_: None)(workers_later=True)
-            kept.clear()
-            self._generators_weights = weights
+        if any(generator.__dict__.get("_pool") is not None for generator in kept.values()):
+            self._end_stale_workers(kept)
         if options not in kept:
             gen_args = OmegaConf.create(OmegaConf.to_container(self.cfg.generation))
             with open_dict(gen_args):
@@ -173,6 +170,21 @@ class CheckedHub(hub_utils.GeneratorHubInterface):
                 kept.popitem(last=False)
         kept.move_to_end(options)
         return kept[options]
+
+    def _end_stale_workers(self, kept):
+        """Where the models' weights changed since workers forked: the
+        generators (and their workers) made anew."""
+        if self.__dict__.get("_pool_weights") != self._weights():
+            for generator in kept.values():
+                generator.close_workers(workers_later=True)
+            kept.clear()
+
+    def _weights(self) -> tuple:
+        """The models' parameters' memory and versions (an in-place change moves a version)."""
+        parameters = self.__dict__.get("_model_parameters")
+        if parameters is None:
+            parameters = self._model_parameters = [p for model in self.models for p in model.parameters()]
+        return tuple((p.data_ptr(), p._version) for p in parameters)
 
     def _fits(self, tokens) -> bool:
         """Whether fairseq's batch iterator would take this sentence as it is:
@@ -197,6 +209,16 @@ class CheckedHub(hub_utils.GeneratorHubInterface):
             if warning:
                 warnings.warn(warning, stacklevel=3)
         return sentences
+
+
+def _snapshot(options) -> tuple:
+    """The values of an omegaconf section, hashable: read from its nodes (its
+    public ``to_container`` is a hundred times slower, felt on each sentence)."""
+    try:
+        nodes = vars(options)["_content"]
+        return tuple((key, repr(node._value())) for key, node in nodes.items())
+    except (KeyError, AttributeError, TypeError):
+        return tuple(sorted(repr(OmegaConf.to_container(options)).split(", ")))
 
 
 def from_pretrained(model_name_or_path, checkpoint_file="model.pt", data_name_or_path=".", **kwargs):

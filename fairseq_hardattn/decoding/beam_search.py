@@ -85,15 +85,18 @@ class PluginBeamSearch(ParallelBatches, SequenceGenerator):
             raise NotImplementedError("constraints need fairseq's generator")
         if self.sampling and prefix_tokens is not None:  # fairseq's draws, from torch's generator
             return SequenceGenerator._generate(self, sample, prefix_tokens=prefix_tokens, bos_token=bos_token)
+        models = self.model.models
+        why_not = native_search.why_not(self, models, sample["net_input"]["src_tokens"], prefix_tokens)
+        native = None if why_not is not None else native_search.kept(models[0], StepLogits.CANDIDATE_ROWS)
+        if native is not None:  # (a prepared model's, from an earlier call: no packing to open)
+            return sorted_by_score(native.search(self, models[0], sample, bos_token))
         with contextlib.ExitStack() as packing:
             # on a CPU, the large float32 Linear layers on oneDNN's prepacked kernels
-            packed = [packing.enter_context(packed_linears(model)) for model in self.model.models]
-            models = self.model.models
-            why_not = native_search.why_not(self, models, sample["net_input"]["src_tokens"], prefix_tokens,
-                                            packed[0])
+            packed = [packing.enter_context(packed_linears(model)) for model in models]
             if why_not is None:
-                return sorted_by_score(native_search.search(self, models[0], sample, bos_token, packed[0],
-                                                            StepLogits.CANDIDATE_ROWS))
+                native, why_not = native_search.NativeModel.of(models[0], packed[0], StepLogits.CANDIDATE_ROWS)
+            if native is not None:
+                return sorted_by_score(native.search(self, models[0], sample, bos_token))
             logger.debug("the Python search decodes this batch: the native search does not take %s", why_not)
             steps = [StepLogits(model, layers) for model, layers in zip(models, packed)]
             return self._search(sample, prefix_tokens, bos_token, steps)

@@ -53,9 +53,9 @@ from ..modules.cached_projection import CachedProjectionAttention
 _OPTIONAL_PARTS = ("c_attn", "attn_ln", "ffn_layernorm", "w_resid")
 
 
-def supports(decoder) -> Optional[str]:
+def supports(decoder, modules=None) -> Optional[str]:
     """None where ``decoder``'s steps can run here; else what keeps them on
-    the modules' path."""
+    the modules' path (``modules``: its modules, where the caller has them listed)."""
     kind = type(decoder)
     if (kind.forward is not AttentionKindDecoder.forward
             or kind.extract_features is not AttentionKindDecoder.extract_features
@@ -63,7 +63,7 @@ def supports(decoder) -> Optional[str]:
         return f"{kind.__name__} steps its own way"
     if decoder.quant_noise is not None or decoder.cross_self_attention:
         return "quant-noise or cross+self attention"
-    if has_hooks(decoder):  # (direct calls would skip them)
+    if has_hooks(decoder.modules() if modules is None else modules):  # (direct calls would skip them)
         return "forward hooks on the decoder's modules"
     norms = [decoder.layernorm_embedding, decoder.layer_norm]
     for layer in decoder.layers:
@@ -81,11 +81,11 @@ def supports(decoder) -> Optional[str]:
     return None
 
 
-def has_hooks(module) -> bool:
-    """Forward hooks on ``module`` or its submodules, or global ones (direct calls would skip them)."""
+def has_hooks(modules) -> bool:
+    """Forward hooks on any of ``modules``, or global ones (direct calls would skip them)."""
     if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
         return True
-    return any(m._forward_hooks or m._forward_pre_hooks for m in module.modules())
+    return any(m._forward_hooks or m._forward_pre_hooks for m in modules)
 
 
 def _product(layer: Optional[nn.Module]) -> Optional[Callable[[Tensor], Tensor]]:

@@ -31,15 +31,16 @@ from torch import Tensor, nn
 from .. import kernels
 from ..modules.soft_attention import SoftAttention
 from . import direct_step, engines
-from .packed_linear import packed_of
+from .packed_linear import onednn_linear_available, packable, packed_of
 from .row_shapes import padded_rows
 
 logger = logging.getLogger(__name__)
 
 
-def why_not(generator, models, src_tokens: Tensor, prefix_tokens: Optional[Tensor], packed_layers) -> Optional[str]:
-    """None where the native search runs this call of ``generator``
-    (``PluginBeamSearch``); else what keeps it on the Python search."""
+def why_not(generator, models, src_tokens: Tensor, prefix_tokens: Optional[Tensor]) -> Optional[str]:
+    """None where the native search may run this call of ``generator``
+    (``PluginBeamSearch``; ``NativeModel.of`` checks the layers' parts);
+    else what keeps it on the Python search."""
     if generator.sampling:
         return "sampling"
     if len(models) != 1:
@@ -59,51 +60,70 @@ def why_not(generator, models, src_tokens: Tensor, prefix_tokens: Optional[Tenso
         return f"the {step} step"
     if not kernels.has_blas():
         return "no native library here (or PyTorch exports no BLAS)"
+    if direct_step.has_hooks(_listed(model)[0]):  # (native calls would skip them)
+        return "forward hooks on the model's modules"
+    return None
+
+
+def _structure_why_not(decoder) -> Optional[str]:
+    """None where the native search takes ``decoder``'s kinds of parts; else
+    what it does not take."""
     reason = direct_step.supports(decoder)
     if reason is not None:
         return reason
     if any(part is not None for part in (decoder.project_in_dim, decoder.project_out_dim, decoder.layernorm_embedding,
                                          decoder.adaptive_softmax)):
         return "an embedding projection, norm or adaptive softmax"
-    if _projection_kind(decoder.output_projection, packed_layers) is None:
+    projection = decoder.output_projection
+    if not (type(projection) is nn.Linear and projection.weight.dtype == torch.float32
+            and (projection.bias is None or packable(projection) and onednn_linear_available())):
         return "an output projection that is not plain float32 (int8, bfloat16) or has a bias"
-    if _decoder(model) is None:
-        return "a sublayer or norm the kernels do not compute with PyTorch's bits here"
     return None
 
 
-def _projection_kind(projection: nn.Module, packed_layers) -> Optional[str]:
-    if projection in packed_layers and packed_of(projection) is not None:
-        return "packed"
-    if (type(projection) is nn.Linear and "forward" not in vars(projection) and projection.bias is None
-            and projection.weight.dtype == torch.float32):
-        return "mm"
-    return None
+class NativeModel:
+    """One model as the native search reads it: its decoder's layers and
+    norms (``direct_step``'s), its cross-attention's key and value
+    projections, its embeddings and output projection, and its encoder's
+    layers where ``_encoder_why_not`` takes them. Made within the call's
+    ``packed_linears`` block (``packed_layers``: its layers on oneDNN's
+    packed kernel)."""
 
-
-class _NativeDecoder:
-    """A decoder as the native search reads it: its layers and norms
-    (``direct_step``'s), its cross-attention's key and value projections, its
-    embeddings. A model prepared for decoding (fairseq's tools, whose weights
-    are final) keeps it from one call to the next while its weights stay the
-    same tensors at the same versions; another's is the call's own, as its
-    packed weights are (``packed_linear``: fairseq's optimizer updates
-    weights through ``.data``, which leaves their versions as they were)."""
-
-    def __init__(self, decoder, layers, source_weights):
-        self.layers = layers.native
-        self.source_weights = source_weights
+    def __init__(self, model, layers, source_weights, packed_layers, block: int):
+        decoder = model.decoder
+        self.layers, self.source_weights = layers.native, source_weights
         self.embed_weight = decoder.embed_tokens.weight.detach()
         self.embed_scale = float(decoder.embed_scale)
         self.positions: Optional[Tensor] = None
-        self.transposed: Optional[Tensor] = None
+        projection = decoder.output_projection
+        if projection in packed_layers and packed_of(projection) is not None:
+            self.projection = kernels.native().Projection(transposed=None, packed=direct_step.linear_spec(projection),
+                                                          block=block)
+        else:
+            transposed = projection.weight.detach().t().contiguous()
+            self.projection = kernels.native().Projection(transposed=transposed, packed=None, block=block)
+        self.encoder = _NativeEncoder.of(model.encoder)
+        self.projection_block = block
 
     @classmethod
-    def of(cls, decoder) -> Optional["_NativeDecoder"]:
-        layers = direct_step.native_layers(decoder)
-        sources = [(direct_step.linear_spec(layer.encoder_attn.k_proj), direct_step.linear_spec(layer.encoder_attn.v_proj))
-                   for layer in decoder.layers]
-        return None if layers is None or any(None in pair for pair in sources) else cls(decoder, layers, sources)
+    def of(cls, model, packed_layers, block: int):
+        """(the ``NativeModel`` of ``model``, None), kept for its next calls
+        as the module says; or (None, what of its decoder the native search
+        does not take)."""
+        made = kept(model, block) if getattr(model, "prepared_for_inference", False) else None
+        if made is None:
+            reason = _structure_why_not(model.decoder)
+            if reason is not None:
+                return None, reason
+            layers = direct_step.native_layers(model.decoder)
+            sources = [(direct_step.linear_spec(layer.encoder_attn.k_proj),
+                        direct_step.linear_spec(layer.encoder_attn.v_proj)) for layer in model.decoder.layers]
+            if layers is None or any(None in pair for pair in sources):
+                return None, "a sublayer or norm the kernels do not compute with PyTorch's bits here"
+            made = cls(model, layers, sources, packed_layers, block)
+            if getattr(model, "prepared_for_inference", False):
+                _models[model] = (_marks(model), made)
+        return made, None
 
     def positions_for(self, decoder, capacity: int) -> Optional[Tensor]:
         """The position embedding of each step up to ``capacity`` (the
@@ -116,33 +136,68 @@ class _NativeDecoder:
             self.positions = decoder.embed_positions(tokens)[0].detach().contiguous()
         return self.positions
 
+    def search(self, generator, model, sample: Dict[str, Dict[str, Tensor]],
+               bos_token: Optional[int]) -> List[List[Dict[str, Tensor]]]:
+        """``generator._search``'s hypotheses for ``sample``, each sentence's
+        in the order found."""
+        net_input = sample["net_input"]
+        src_tokens = net_input["src_tokens"]
+        bsz, src_len = src_tokens.size()[:2]
+        max_len = min(int(generator.max_len_a * src_len + generator.max_len_b), generator.max_len - 1)
+        assert generator.min_len <= max_len, "min_len cannot be larger than max_len, please adjust these!"
+        padded = _padded_rows_table(max(bsz * generator.beam_size, self.projection_block, bsz * src_len))
+        encoder_out = encode(model, self.encoder, net_input, padded)
+        padding = encoder_out["encoder_padding_mask"]
+        found = kernels.native().beam_search(
+            decoder=self.layers, source_weights=self.source_weights, encoder_out=encoder_out["encoder_out"][0],
+            encoder_padding=padding[0] if padding else None, embed_weight=self.embed_weight,
+            embed_scale=self.embed_scale, positions=self.positions_for(model.decoder, max_len + 1),
+            projection=self.projection, padded_rows=padded, beam=generator.beam_size, max_len=max_len,
+            min_len=generator.min_len, bos=generator.eos if bos_token is None else bos_token, eos=generator.eos,
+            pad=generator.pad, pad_column=generator.pad, unk=generator.unk, vocab=generator.vocab_size,
+            unk_penalty=float(generator.unk_penalty), temperature=float(generator.temperature),
+            len_penalty=float(generator.len_penalty), normalize_scores=bool(generator.normalize_scores))
+        empty = torch.empty(0)
+        return [[{"tokens": tokens, "score": score, "attention": empty, "alignment": empty,
+                  "positional_scores": scores} for tokens, score, scores in hypotheses] for hypotheses in found]
 
-# each prepared model's encoder and decoder as the native search reads them: (their marks, it)
-_native_parts: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKeyDictionary()
+
+# each prepared model's NativeModel: (its parameters' marks, it)
+_models: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKeyDictionary()
+# a prepared model's modules and parameters, listed once
+_lists: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKeyDictionary()
 
 
-def _kept(model, part, made):
-    """``made(part)`` (``part``: ``model``'s encoder or decoder), kept for the
-    next call where the model is prepared for decoding and ``part``'s
-    parameters stay the same tensors at the same versions."""
+def _listed(model):
+    """(the modules, the parameters) of ``model``: listed once for a model
+    prepared for decoding, whose structure fairseq's tools do not change
+    (walking a module tree is much of a sentence's Python time); else now."""
     if not getattr(model, "prepared_for_inference", False):
-        return made(part)
-    marks = tuple((p.data_ptr(), p._version) for p in part.parameters())
-    kept = _native_parts.get(part)
-    if kept is None or kept[0] != marks:
-        kept = _native_parts[part] = (marks, made(part))
-    return kept[1]
+        return list(model.modules()), list(model.parameters())
+    found = _lists.get(model)
+    if found is None:
+        found = _lists[model] = (list(model.modules()), list(model.parameters()))
+    return found
 
 
-def _decoder(model) -> Optional[_NativeDecoder]:
-    """``model``'s decoder as a ``_NativeDecoder``, None where its layers are not the kernels'."""
-    return _kept(model, model.decoder, _NativeDecoder.of)
+def _marks(model) -> tuple:
+    return tuple((p.data_ptr(), p._version) for p in _listed(model)[1])
+
+
+def kept(model, block: int) -> Optional[NativeModel]:
+    """A prepared model's ``NativeModel`` from an earlier call (its output
+    projection ``block`` rows at a time), where its parameters are the same
+    tensors at the same versions; else None."""
+    found = _models.get(model)
+    if found is None or found[1].projection_block != block or found[0] != _marks(model):
+        return None
+    return found[1]
 
 
 class _NativeEncoder:
     """fairseq's encoder layers (and last norm) as one native call
     (``kernels/encoder.cpp``): the operators its Python calls, on the same
-    tensors in the same order. Kept as ``_NativeDecoder`` is."""
+    tensors in the same order."""
 
     def __init__(self, encoder):
         self.layers = kernels.native().Encoder(pre_norm=encoder.layers[0].normalize_before,
@@ -156,7 +211,7 @@ class _NativeEncoder:
 
     @classmethod
     def of(cls, encoder) -> Optional["_NativeEncoder"]:
-        return cls(encoder) if kernels.has_blas() and _encoder_why_not(encoder) is None else None
+        return cls(encoder) if _encoder_why_not(encoder) is None else None
 
 
 def _weights(linear: nn.Linear):
@@ -175,7 +230,7 @@ def _encoder_why_not(encoder) -> Optional[str]:
             or kind.forward_scriptable is not TransformerEncoderBase.forward_scriptable
             or encoder.return_fc or not encoder.layers):
         return f"{kind.__name__} encodes its own way"
-    if direct_step.has_hooks(encoder):
+    if direct_step.has_hooks(encoder.modules()):
         return "forward hooks on the encoder's modules"
     for layer in encoder.layers:
         attention = layer.self_attn
@@ -200,16 +255,12 @@ def _encoder_why_not(encoder) -> Optional[str]:
     return None
 
 
-def _encoder(model) -> Optional[_NativeEncoder]:
-    return _kept(model, model.encoder, _NativeEncoder.of)
-
-
-def encode(model, net_input: Dict[str, Tensor], padded: List[int]) -> Dict[str, List[Tensor]]:
+def encode(model, native: Optional[_NativeEncoder], net_input: Dict[str, Tensor],
+           padded: List[int]) -> Dict[str, List[Tensor]]:
     """``model.encoder.forward_torchscript(net_input)``'s output and padding:
-    fairseq's embedding, then the layers in one native call where
-    ``_NativeEncoder`` takes them."""
+    fairseq's embedding, then the layers in one native call (``native``);
+    fairseq's forward without one."""
     encoder = model.encoder
-    native = _encoder(model)
     if native is None:
         return encoder.forward_torchscript(net_input)
     src_tokens = net_input["src_tokens"]
@@ -231,40 +282,3 @@ def _padded_rows_table(rows: int) -> List[int]:
     return _padded[:rows + 1]
 
 
-def search(generator, model, sample: Dict[str, Dict[str, Tensor]], bos_token: Optional[int], packed_layers,
-           block: int) -> List[List[Dict[str, Tensor]]]:
-    """``generator._search``'s hypotheses for ``sample`` (``why_not`` is
-    None), each sentence's sorted by score; the packed output projection
-    runs ``block`` rows at a time, as the Python search's."""
-    net_input = sample["net_input"]
-    src_tokens = net_input["src_tokens"]
-    bsz, src_len = src_tokens.size()[:2]
-    max_len = min(int(generator.max_len_a * src_len + generator.max_len_b), generator.max_len - 1)
-    assert generator.min_len <= max_len, "min_len cannot be larger than max_len, please adjust these!"
-    decoder = model.decoder
-    native = _decoder(model)
-    rows0 = bsz * generator.beam_size
-    padded = _padded_rows_table(max(rows0, block, bsz * src_len))
-    encoder_out = encode(model, net_input, padded)
-    padding = encoder_out["encoder_padding_mask"]
-    projection = decoder.output_projection
-    if _projection_kind(projection, packed_layers) == "packed":
-        projected = kernels.native().Projection(transposed=None, packed=direct_step.linear_spec(projection),
-                                                block=block)
-    else:
-        if native.transposed is None:
-            native.transposed = projection.weight.detach().t().contiguous()
-        projected = kernels.native().Projection(transposed=native.transposed, packed=None, block=block)
-    found = kernels.native().beam_search(
-        decoder=native.layers, source_weights=native.source_weights, encoder_out=encoder_out["encoder_out"][0],
-        encoder_padding=padding[0] if padding else None, embed_weight=native.embed_weight,
-        embed_scale=native.embed_scale, positions=native.positions_for(decoder, max_len + 1), projection=projected,
-        padded_rows=padded,
-        beam=generator.beam_size, max_len=max_len, min_len=generator.min_len,
-        bos=generator.eos if bos_token is None else bos_token, eos=generator.eos, pad=generator.pad,
-        pad_column=generator.pad, unk=generator.unk, vocab=generator.vocab_size,
-        unk_penalty=float(generator.unk_penalty), temperature=float(generator.temperature),
-        len_penalty=float(generator.len_penalty), normalize_scores=bool(generator.normalize_scores))
-    empty = torch.empty(0)
-    return [[{"tokens": tokens, "score": score, "attention": empty, "alignment": empty, "positional_scores": scores}
-             for tokens, score, scores in hypotheses] for hypotheses in found]

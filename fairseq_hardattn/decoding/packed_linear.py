@@ -102,6 +102,16 @@ def packed_forward(layer: nn.Linear, keep: bool = False):
 
 
 _lock = threading.Lock()
+# a prepared model's Linear layers, listed once (fairseq's tools do not change its structure)
+_linears: "weakref.WeakKeyDictionary[nn.Module, list]" = weakref.WeakKeyDictionary()
+
+
+def _linear_layers(model: nn.Module, keep: bool):
+    if not keep:
+        return [m for m in model.modules() if isinstance(m, nn.Linear)]
+    if model not in _linears:
+        _linears[model] = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    return _linears[model]
 
 
 @contextlib.contextmanager
@@ -124,13 +134,13 @@ def packed_linears(model: nn.Module):
         entry = model.__dict__.get("_packed_linears")  # [layers, open blocks]
         if entry is None:
             layers: Set[nn.Module] = set()
+            keep = bool(getattr(model, "prepared_for_inference", False))
             if onednn_linear_available():
-                layers = {m for m in model.modules() if packable(m)}
+                layers = {m for m in _linear_layers(model, keep) if packable(m)}
             if layers:
                 # each step's outputs are fresh tensors (the output projection's 10 MB
                 # at the small preset): keep such blocks in the heap, not re-faulted
                 keep_large_blocks_in_the_heap()
-            keep = bool(getattr(model, "prepared_for_inference", False))
             for layer in layers:
                 layer.forward = packed_forward(layer, keep)
             entry = model.__dict__["_packed_linears"] = [layers, 0]

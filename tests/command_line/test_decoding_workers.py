@@ -438,6 +438,32 @@ def test_generate_interactive_and_the_hub_with_two_workers(trained_checkpoints, 
     assert translations[2] == translations[1]
 
 
+def test_the_hubs_workers_decode_the_weights_as_they_are_at_each_call(trained_checkpoints, reorder_data):
+    """The hub keeps a generator, and its workers, from one call to the
+    next: weights changed in place between calls are decoded as they are
+    then (new workers), as by one process."""
+    soft = trained_checkpoints["soft"]
+    lines = [" ".join(f"s{(i * 5 + j) % 9 + 1}" for j in range(2 + i % 5)) for i in range(12)]
+
+    def hub(workers):
+        return fairseq_hardattn.from_pretrained(str(soft.parent), checkpoint_file=soft.name,
+                                                data_name_or_path=str(reorder_data), user_dir=USER_DIR,
+                                                decoding_workers=workers, batch_size=3)
+
+    parallel, serial = hub(2), hub(1)
+    assert parallel.translate(lines, beam=3) == serial.translate(lines, beam=3)
+    workers_before = set(multiprocessing.active_children())
+    assert len(workers_before) == 2
+    with torch.no_grad():
+        for one in (parallel, serial):
+            for parameter in one.models[0].decoder.parameters():
+                parameter.mul_(-1.0)
+    changed = parallel.translate(lines, beam=3)
+    assert changed == serial.translate(lines, beam=3)
+    assert not set(multiprocessing.active_children()) & workers_before
+    workers.end_pools_left_behind()
+
+
 def test_a_models_first_batch_imports_nothing_once_it_is_loaded(trained_checkpoints, reorder_data):
     # what the first batch imported (torch's symbolic shapes and SymPy, 0.3 s) comes
     # with the model instead, before any worker forks: each worker imported it again

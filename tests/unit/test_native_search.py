@@ -32,9 +32,9 @@ OPTIONS.update({"beam 4": dict(beam_size=4, max_len_b=12), "one step": dict(beam
 def decode(model, dictionary, sample, native: bool, monkeypatch, **options):
     """The search's hypotheses, and how many batches the native search decoded."""
     calls = []
-    searched = native_search.search
+    searched = native_search.NativeModel.search
     with monkeypatch.context() as patch:
-        patch.setattr(native_search, "search", lambda *args: calls.append(1) or searched(*args))
+        patch.setattr(native_search.NativeModel, "search", lambda *args: calls.append(1) or searched(*args))
         if not native:
             patch.setattr(native_search, "why_not", lambda *args: "turned off by the test")
         with torch.no_grad():
@@ -136,8 +136,8 @@ def test_what_the_native_search_does_not_run_stays_on_the_python_search_with_its
     elif case == "int8":
         quantize_for_decoding(model)
     calls = []
-    searched = native_search.search
-    monkeypatch.setattr(native_search, "search", lambda *args: calls.append(1) or searched(*args))
+    searched = native_search.NativeModel.search
+    monkeypatch.setattr(native_search.NativeModel, "search", lambda *args: calls.append(1) or searched(*args))
     with caplog.at_level(logging.DEBUG, logger="fairseq_hardattn.decoding.beam_search"), torch.no_grad():
         found = PluginBeamSearch(models, d, **options).generate(models, sample_of(d), prefix_tokens=prefix)
     assert not calls and len(found) == 6
