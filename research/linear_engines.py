@@ -1,11 +1,11 @@
 #!/usr/bin/env python
-"""The Linear layer on each of PyTorch's CPU kernels at the shapes of a
-decoding step: float32 as ``nn.Linear`` runs it (MKL) and packed for oneDNN
-(``decoding/packed_linear.py``), and the dynamic int8 Linear packed for
-each quantized engine (its default, x86 / fbgemm, and oneDNN): the evidence
-behind which layers the search packs in float32 (``MIN_PACKED_WEIGHT``) and
-which engines int8 decoding packs for (``decoding/int8.py``,
-``packing_engines``) on this CPU.
+"""The Linear layer on each CPU kernel at the shapes of a decoding step:
+float32 as ``nn.Linear`` runs it (MKL) and packed for oneDNN
+(``decoding/packed_linear.py``), the plugin's int8 Linear
+(``decoding/int8.py``, ``kernels/int8_linear.c``) and PyTorch's dynamic int8
+Linear packed for each quantized engine (its default, x86 / fbgemm, and
+oneDNN) for comparison: the evidence behind which layers the search packs
+in float32 (``MIN_PACKED_WEIGHT``) and what int8 decoding gains on this CPU.
 
 Shapes are rows x in -> out: hypotheses (batch x beam) by the layer's
 dimensions; the defaults are the small preset's (256 rows; d = 128, FFN 256,
@@ -29,14 +29,24 @@ from torch.utils import benchmark  # noqa: E402
 
 from fairseq_hardattn.decoding import packed_linear  # noqa: E402
 from fairseq_hardattn.decoding.heap import keep_large_blocks_in_the_heap  # noqa: E402
-from fairseq_hardattn.decoding.int8 import pack_int8, packing_engines  # noqa: E402
+from fairseq_hardattn.decoding.int8 import Int8Linear  # noqa: E402
 from fairseq_hardattn.tools.fixtures import device_name  # noqa: E402
 from fairseq_hardattn.tools.reporting import write_outputs  # noqa: E402
 
 # the small preset's shapes, the smallest weight that packs (256 x 256), Base's
 DEFAULT_SHAPES = ("256x128x128", "256x128x256", "256x256x128", "256x128x10000", "128x256x256",
                   "128x512x512", "128x512x2048", "128x2048x512", "128x512x10000")
-FLOAT32, FLOAT32_ONEDNN = "float32", "float32 onednn"
+FLOAT32, FLOAT32_ONEDNN, INT8 = "float32", "float32 onednn", "int8 plugin"
+
+
+def pytorch_int8(layer: nn.Linear, engine: str) -> nn.Module:
+    """PyTorch's dynamic int8 Linear of ``layer``, packed for ``engine``."""
+    previous = torch.backends.quantized.engine
+    torch.backends.quantized.engine = engine
+    try:
+        return torch.ao.quantization.quantize_dynamic(nn.Sequential(layer), {nn.Linear}, dtype=torch.qint8)
+    finally:
+        torch.backends.quantized.engine = previous
 
 
 @torch.no_grad()
@@ -47,7 +57,7 @@ def costs(rows: int, features_in: int, features_out: int, engines, repeats: int,
     # the two float32 kernels called alike (a module call would cost one of them
     # a few microseconds the other is spared); the int8 ones as modules, alike
     variants = {FLOAT32: lambda x: nn.functional.linear(x, layer.weight, layer.bias),
-                **{e: pack_int8(nn.Sequential(layer), {nn.Linear}, e) for e in engines}}
+                INT8: Int8Linear(layer), **{e: pytorch_int8(layer, e) for e in engines}}
     if packed_linear.onednn_linear_available():
         variants[FLOAT32_ONEDNN] = packed_linear.packed_forward(layer)
     times = {name: [] for name in variants}
@@ -85,9 +95,9 @@ def main(argv=None):
                         **costs(rows, features_in, features_out, engines, args.repeats,
                                 args.min_run_time)})
     float32 = [v for v in (FLOAT32, FLOAT32_ONEDNN) if v in results[0]]
-    columns = float32 + engines
-    ratios = [(v, FLOAT32) for v in float32[1:]] + [(e, default) for e in engines[1:]]
-    label = {c: c if c in float32 else f"int8 {c}" for c in columns}
+    columns = float32 + [INT8] + engines
+    ratios = [(v, FLOAT32) for v in float32[1:]] + [(INT8, FLOAT32)] + [(INT8, e) for e in engines]
+    label = {c: c if c in float32 + [INT8] else f"int8 torch {c}" for c in columns}
     lines = ["| rows x in -> out | " + " | ".join(label[c] for c in columns) + " | "
              + " | ".join(f"{label[a]} vs {label[b]}" for a, b in ratios) + " |",
              "|" + "---|" * (1 + len(columns) + len(ratios))]
@@ -95,15 +105,11 @@ def main(argv=None):
         cells = [f"{r['rows']} x {r['in']} -> {r['out']}"] + [f"{r[c]:.1f}" for c in columns]
         cells += [f"{r[b] / r[a]:.2f}x" for a, b in ratios]
         lines.append("| " + " | ".join(cells) + " |")
-    layers, output_projection = packing_engines()
     cpu = device_name("cpu")
     print(f"microseconds per call, median; {cpu}, {args.threads} thread(s); "
-          f"float32 packs weights of at least {packed_linear.MIN_PACKED_WEIGHT} elements for "
-          f"oneDNN; int8 decoding packs the layers for {layers}, the output projection for "
-          f"{output_projection}\n")
+          f"float32 packs weights of at least {packed_linear.MIN_PACKED_WEIGHT} elements for oneDNN\n")
     settings = dict(vars(args), torch=torch.__version__, device_name=cpu,
-                    min_packed_weight=packed_linear.MIN_PACKED_WEIGHT,
-                    packing_engines={"layers": layers, "output_projection": output_projection})
+                    min_packed_weight=packed_linear.MIN_PACKED_WEIGHT, int8_engines=engines)
     write_outputs({"settings": settings, "results": results}, "\n".join(lines), args.json, args.markdown)
     return 0
 

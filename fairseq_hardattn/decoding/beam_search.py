@@ -46,6 +46,7 @@ from .. import kernels
 from ..modules import decoding_step
 from ..modules.cached_projection import CachedProjectionAttention
 from . import direct_step, engines, native_search
+from .int8 import Int8Linear
 from .lineage import Lineage
 from .packed_linear import packed_linears
 from .read_ahead import sentence_ids
@@ -507,7 +508,7 @@ class StepLogits:
             return self.shortlisted(self.features(prefix, encoder_out))
         projection = getattr(decoder, "output_projection", None)
         # --int8-decoding's int8 Linear, or oneDNN's packed one: on the features as one matrix
-        own_kernel = (isinstance(projection, torch.ao.nn.quantized.dynamic.Linear)
+        own_kernel = (isinstance(projection, Int8Linear)
                       or projection in self.packed_layers)
         if (prefix.is_cuda or getattr(decoder, "adaptive_softmax", None) is not None
                 or not (own_kernel or (isinstance(projection, nn.Linear) and projection.bias is None))):

@@ -46,6 +46,7 @@ from torch.nn.modules import module as torch_module
 
 from .. import kernels
 from . import packed_linear
+from .int8 import Int8Linear
 from ..models.attention_kind_base import AttentionKindDecoder
 from ..modules import decoding_step
 from ..modules.cached_projection import CachedProjectionAttention
@@ -143,10 +144,14 @@ def _plain_weights(*linears) -> Optional[list]:
 
 def _specs(packed: bool, *linears) -> Optional[list]:
     """``linears`` as the kernels take them: plain float32 ones
-    (``_plain_weights``), and with ``packed`` those on oneDNN's packed
-    kernel (``packed_linear``: the native search pads their rows); else None."""
+    (``_plain_weights``), int8 ones (``int8``'s kernel), and with
+    ``packed`` those on oneDNN's packed kernel (``packed_linear``: the
+    native search pads their rows); else None."""
     found = []
     for linear in linears:
+        if isinstance(linear, Int8Linear) and linear.native is not None:
+            found.append(linear.native)
+            continue
         product = packed_linear.packed_of(linear) if packed else None
         spec = (kernels.packed_linear(product, linear.in_features, linear.out_features) if product is not None
                 else _plain_weights(linear))

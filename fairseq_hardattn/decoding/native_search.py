@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from .. import kernels
 from ..modules.soft_attention import SoftAttention
 from . import direct_step, engines
+from .int8 import Int8Linear
 from .packed_linear import onednn_linear_available, packable, packed_of
 from .row_shapes import padded_rows
 
@@ -75,9 +76,10 @@ def _structure_why_not(decoder) -> Optional[str]:
                                          decoder.adaptive_softmax)):
         return "an embedding projection, norm or adaptive softmax"
     projection = decoder.output_projection
-    if not (type(projection) is nn.Linear and projection.weight.dtype == torch.float32
+    if not (isinstance(projection, Int8Linear) or type(projection) is nn.Linear
+            and projection.weight.dtype == torch.float32
             and (projection.bias is None or packable(projection) and onednn_linear_available())):
-        return "an output projection that is not plain float32 (int8, bfloat16) or has a bias"
+        return "an output projection that is not float32 or int8 (bfloat16), or has a bias"
     return None
 
 
@@ -95,13 +97,14 @@ class NativeModel:
         self.embed_weight = decoder.embed_tokens.weight.detach()
         self.embed_scale = float(decoder.embed_scale)
         self.positions: Optional[Tensor] = None
-        projection = decoder.output_projection
-        if projection in packed_layers and packed_of(projection) is not None:
-            self.projection = kernels.native().Projection(transposed=None, packed=direct_step.linear_spec(projection),
-                                                          block=block)
+        projection, made = decoder.output_projection, kernels.native().Projection
+        if isinstance(projection, Int8Linear):
+            self.projection = made(transposed=None, packed=None, int8=projection.native, block=block)
+        elif projection in packed_layers and packed_of(projection) is not None:
+            self.projection = made(transposed=None, packed=direct_step.linear_spec(projection), int8=None, block=block)
         else:
             transposed = projection.weight.detach().t().contiguous()
-            self.projection = kernels.native().Projection(transposed=transposed, packed=None, block=block)
+            self.projection = made(transposed=transposed, packed=None, int8=None, block=block)
         self.encoder = _NativeEncoder.of(model.encoder)
         self.projection_block = block
 
@@ -237,14 +240,15 @@ def _encoder_why_not(encoder) -> Optional[str]:
         if (type(layer).forward is not TransformerEncoderLayerBase.forward or layer.return_fc
                 or layer.activation_fn is not F.relu or layer.normalize_before != encoder.layers[0].normalize_before):
             return "an encoder layer of its own"
+        projections = (attention.q_proj, attention.k_proj, attention.v_proj, attention.out_proj)
+        if any(type(p) is not nn.Linear or p.weight.dtype != torch.float32 for p in projections):
+            return "encoder attention projections that are not plain float32 (int8, bfloat16)"
         # fairseq's attention as it runs a whole sequence (torch's multi-head attention)
         if (type(attention) not in (MultiheadAttention, SoftAttention) or attention.onnx_trace
                 or attention.skip_embed_dim_check or attention.use_xformers or attention.bias_k is not None
                 or attention.add_zero_attn or attention.q_proj.bias is None):
             return f"{type(attention).__name__} encoder attention"
-        if (any(type(p) is not nn.Linear or p.weight.dtype != torch.float32
-                for p in (attention.q_proj, attention.k_proj, attention.v_proj, attention.out_proj))
-                or direct_step.linear_spec(layer.fc1) is None or direct_step.linear_spec(layer.fc2) is None):
+        if direct_step.linear_spec(layer.fc1) is None or direct_step.linear_spec(layer.fc2) is None:
             return "an encoder Linear layer that is not plain float32"
         for norm in (layer.self_attn_layer_norm, layer.final_layer_norm):
             if type(norm) is not nn.LayerNorm or norm.weight is None or norm.bias is None:

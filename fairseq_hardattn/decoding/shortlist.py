@@ -21,6 +21,7 @@ from torch import Tensor
 
 from ..errors import ConfigError
 from . import packed_linear
+from .int8 import Int8Linear
 
 
 class Shortlist:
@@ -80,10 +81,8 @@ def restricted_projection(projection, columns: Tensor):
     ``columns`` only: the output projection's rows of those tokens (float32,
     packed for oneDNN as the search packs the whole projection; int8 rows
     packed like the whole layer's)."""
-    if isinstance(projection, torch.ao.nn.quantized.dynamic.Linear):
-        from .int8 import int8_rows
-
-        rows = int8_rows(projection, columns)
+    if isinstance(projection, Int8Linear):
+        rows = projection.rows(columns)
         return lambda features: rows(features.contiguous())
     weight = getattr(projection, "weight", None)
     if not torch.is_tensor(weight) or getattr(projection, "bias", None) is not None:

@@ -7,7 +7,7 @@ read in place: the encoder's, and lineage caches (``step_attention.c``), a
 decoder layer's sublayers and a step's layers as one call, its products
 through PyTorch's own BLAS (``decoder_sublayers.c``), PyTorch's LayerNorm
 operation for operation (``layer_norm.c``), sampling's generators, PyTorch's
-bit for bit (``sentence_draws.c``).
+bit for bit (``sentence_draws.c``), int8 Linear layers (``int8_linear.c``).
 
 The module checks every tensor it is given and releases the GIL while a
 kernel runs. Kernels split their rows over torch's intra-op threads with
@@ -244,6 +244,23 @@ def packed_linear(product, in_features: int, out_features: int):
     ``PackedProduct``) as the native search takes it: its packed weight and bias."""
     return native().PackedLinear(packed=product.packed, bias=product.bias, in_features=in_features,
                                  out_features=out_features)
+
+
+def int8_linear(weight: Tensor, bias: Optional[Tensor]):
+    """An int8 Linear layer of ``weight`` (out, in) and ``bias`` float32
+    (``int8_linear.c``), callable on x (..., in); None without the library."""
+    module = native()
+    return None if module is None else module.Int8Linear(weight.contiguous(), bias)
+
+
+def int8_rows(layer, rows: Tensor):
+    """The int8 layer of ``layer``'s output rows ``rows`` (int64): the same int8 values and scales."""
+    return native().Int8Linear(layer, rows.to(torch.int64).contiguous())
+
+
+def int8_quantize_rows(x: Tensor) -> Tuple[Tensor, Tensor]:
+    """Each row of x (rows, n) float32 as the int8 kernel quantizes it: (int8 values, scales)."""
+    return native().int8_quantize_rows(x.contiguous())
 
 
 def attention_sublayer(q, k, v, out, heads: int, head_dim: int, scale: float, mode: str, top_k: int):

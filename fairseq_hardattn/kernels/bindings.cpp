@@ -106,11 +106,71 @@ at::Tensor PackedLinear::operator()(const at::Tensor &x, const std::vector<int64
     return target == rows ? y : y.narrow(0, 0, rows);
 }
 
-fh_linear linear_of(const LinearSpec &spec, std::vector<at::Tensor> &kept,
-                    std::vector<std::shared_ptr<PackedLinear>> &packed) {
+Int8Linear::Int8Linear(const at::Tensor &weight, std::optional<at::Tensor> bias) : bias(std::move(bias)) {
+    check_tensor(weight, at::kFloat, "an int8 layer's float32 weight", true);
+    require(weight.dim() == 2, "an int8 layer's weight: (out, in)");
+    const int64_t out = weight.size(0), in = weight.size(1);
+    const int64_t out_p = (out + FH_INT8_BLOCK - 1) / FH_INT8_BLOCK * FH_INT8_BLOCK;
+    packed = at::empty({int8_packed_bytes(out, in)}, at::kChar);
+    scales = at::empty({out_p}, at::kFloat);
+    sums = at::empty({out_p}, at::kInt);
+    int8_pack(weight.data_ptr<float>(), out, in, packed.data_ptr<int8_t>(), scales.data_ptr<float>(),
+              sums.data_ptr<int32_t>());
+    if (this->bias) {
+        check_tensor(*this->bias, at::kFloat, "an int8 layer's bias", true);
+        require(this->bias->numel() == out, "an int8 layer's bias: (out,)");
+    }
+    linear = fh_int8_linear{packed.data_ptr<int8_t>(), scales.data_ptr<float>(), sums.data_ptr<int32_t>(),
+                            this->bias ? this->bias->data_ptr<float>() : nullptr, out, in};
+}
+
+Int8Linear::Int8Linear(const Int8Linear &whole, const at::Tensor &rows) {
+    check_tensor(rows, at::kLong, "the rows", true);
+    const int64_t n = rows.numel(), in = whole.linear.in;
+    const int64_t n_p = (n + FH_INT8_BLOCK - 1) / FH_INT8_BLOCK * FH_INT8_BLOCK;
+    require(n == 0 || (rows.min().item<int64_t>() >= 0 && rows.max().item<int64_t>() < whole.linear.out),
+            "rows of the layer");
+    packed = at::empty({int8_packed_bytes(n, in)}, at::kChar);
+    scales = at::empty({n_p}, at::kFloat);
+    sums = at::empty({n_p}, at::kInt);
+    int8_rows(&whole.linear, rows.data_ptr<int64_t>(), n, packed.data_ptr<int8_t>(), scales.data_ptr<float>(),
+              sums.data_ptr<int32_t>());
+    if (whole.bias) bias = whole.bias->index_select(0, rows).contiguous();
+    linear = fh_int8_linear{packed.data_ptr<int8_t>(), scales.data_ptr<float>(), sums.data_ptr<int32_t>(),
+                            bias ? bias->data_ptr<float>() : nullptr, n, in};
+}
+
+at::Tensor Int8Linear::operator()(const at::Tensor &x) const {
+    check_tensor(x, at::kFloat, "an int8 layer's input", false);
+    require(x.dim() >= 1 && x.size(-1) == linear.in, "an int8 layer's input: (..., in)");
+    const at::Tensor rows = x.reshape({-1, linear.in}).contiguous();
+    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+    shape.back() = linear.out;
+    at::Tensor y = at::empty({rows.size(0), linear.out}, x.options());
+    if (int8_product(const_cast<fh_int8_linear *>(&linear), rows.data_ptr<float>(), rows.size(0), y.data_ptr<float>()))
+        throw std::bad_alloc();
+    return y.view(shape);
+}
+
+at::Tensor apply(const LinearSpec &linear, const at::Tensor &x, const std::vector<int64_t> &padded) {
+    if (const auto *weights = std::get_if<LinearWeights>(&linear))
+        return at::linear(x, std::get<0>(*weights), std::get<1>(*weights));
+    if (const auto *int8 = std::get_if<std::shared_ptr<Int8Linear>>(&linear)) return (**int8)(x);
+    const PackedLinear &packed = *std::get<std::shared_ptr<PackedLinear>>(linear);
+    const int64_t width = x.size(-1), rows = x.numel() / width;
+    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+    shape.back() = packed.out;
+    return packed(x.reshape({rows, width}), padded).view(shape);
+}
+
+fh_linear linear_of(const LinearSpec &spec, std::vector<at::Tensor> &kept, Held &held) {
     if (const auto *weights = std::get_if<LinearWeights>(&spec)) return linear_of(*weights, kept);
+    if (const auto *int8 = std::get_if<std::shared_ptr<Int8Linear>>(&spec)) {
+        held.int8.push_back(*int8);
+        return fh_linear{nullptr, nullptr, (*int8)->linear.out, (*int8)->linear.in, int8_product, &(*int8)->linear};
+    }
     const auto &layer = std::get<std::shared_ptr<PackedLinear>>(spec);
-    packed.push_back(layer);
+    held.packed.push_back(layer);
     return fh_linear{nullptr, nullptr, layer->out, layer->in, nullptr, layer.get()};
 }
 
@@ -166,10 +226,10 @@ Source::Source(at::Tensor keys, std::optional<at::Tensor> keys_t, at::Tensor val
 
 Attention::Attention(LinearSpec q, std::optional<LinearSpec> k, std::optional<LinearSpec> v, LinearSpec out,
                      int64_t heads, int64_t head_dim, double scale, int mode, int64_t top_k) {
-    layer.q = linear_of(q, kept, packed);
-    if (k) layer.k = linear_of(*k, kept, packed);
-    if (v) layer.v = linear_of(*v, kept, packed);
-    layer.out = linear_of(out, kept, packed);
+    layer.q = linear_of(q, kept, held);
+    if (k) layer.k = linear_of(*k, kept, held);
+    if (v) layer.v = linear_of(*v, kept, held);
+    layer.out = linear_of(out, kept, held);
     require(layer.q.out == heads * head_dim && layer.out.in == heads * head_dim, "heads x head_dim projections");
     require(mode >= 0 && mode < FH_ATTENTION_MODE_COUNT, "an attention mode of ATTENTION_MODES");
     layer.heads = heads;
@@ -178,8 +238,8 @@ Attention::Attention(LinearSpec q, std::optional<LinearSpec> k, std::optional<Li
 }
 
 FeedForward::FeedForward(LinearSpec fc1, LinearSpec fc2) {
-    first = linear_of(fc1, kept, packed);
-    second = linear_of(fc2, kept, packed);
+    first = linear_of(fc1, kept, held);
+    second = linear_of(fc2, kept, held);
     require(first.out == second.in, "fc1's outputs are fc2's inputs");
 }
 
@@ -203,8 +263,10 @@ void DecoderLayers::add(const Attention &self_attention, const Attention &cross_
     layer.final_norm = norm_of(final_norm, embed, kept);
     for (const auto *part : {&self_attention.kept, &cross_attention.kept, &feed_forward.kept})
         kept.insert(kept.end(), part->begin(), part->end());
-    for (const auto *part : {&self_attention.packed, &cross_attention.packed, &feed_forward.packed})
-        packed.insert(packed.end(), part->begin(), part->end());
+    for (const auto *part : {&self_attention.held, &cross_attention.held, &feed_forward.held}) {
+        held.packed.insert(held.packed.end(), part->packed.begin(), part->packed.end());
+        held.int8.insert(held.int8.end(), part->int8.begin(), part->int8.end());
+    }
     layers.push_back(layer);
 }
 
@@ -405,7 +467,7 @@ at::Tensor self_attention_sublayer_binding(const Attention &attention, const at:
     require(length >= 1 && keys.size(1) >= rows && keys.size(2) == attention.layer.heads &&
                 keys.size(3) == attention.layer.head_dim,
             "lineage caches of the attention's heads, this step's position written");
-    return sublayer("self_attention_sublayer", x, residual, embed, !attention.packed.empty(), [&](float *out) {
+    return sublayer("self_attention_sublayer", x, residual, embed, !attention.held.packed.empty(), [&](float *out) {
         return self_attention_sublayer(&blas, x.data_ptr<float>(), residual.data_ptr<float>(), out, rows, embed,
                                        &attention.layer, keys.data_ptr<float>(), values.data_ptr<float>(), &lineage);
     });
@@ -415,7 +477,7 @@ at::Tensor cross_attention_sublayer_binding(const Attention &attention, const at
                                             const at::Tensor &residual, const Source &source) {
     const fh_blas &blas = blas_or_raise();
     const int64_t embed = attention.layer.q.in;
-    return sublayer("cross_attention_sublayer", x, residual, embed, !attention.packed.empty(), [&](float *out) {
+    return sublayer("cross_attention_sublayer", x, residual, embed, !attention.held.packed.empty(), [&](float *out) {
         return cross_attention_sublayer(&blas, x.data_ptr<float>(), residual.data_ptr<float>(), out, x.size(0), embed,
                                         &attention.layer, &source.part);
     });
@@ -425,7 +487,7 @@ at::Tensor feed_forward_sublayer_binding(const FeedForward &feed_forward, const 
                                          const at::Tensor &residual) {
     const fh_blas &blas = blas_or_raise();
     const int64_t embed = feed_forward.first.in;
-    return sublayer("feed_forward_sublayer", x, residual, embed, !feed_forward.packed.empty(), [&](float *out) {
+    return sublayer("feed_forward_sublayer", x, residual, embed, !feed_forward.held.packed.empty(), [&](float *out) {
         return feed_forward_sublayer(&blas, x.data_ptr<float>(), residual.data_ptr<float>(), out, x.size(0), embed,
                                      &feed_forward.first, &feed_forward.second);
     });
@@ -436,7 +498,7 @@ at::Tensor decoder_step_binding(DecoderLayers &decoder, const at::Tensor &featur
                                 const std::vector<Source> &sources, const at::Tensor &ancestors, int64_t length) {
     const fh_blas &blas = blas_or_raise();
     features_checked(features, decoder.embed, "features");
-    require(decoder.packed.empty(), "float32 Linear layers (packed ones run in the native search)");
+    require(decoder.held.packed.empty(), "float32 Linear layers (packed ones run in the native search)");
     const int64_t rows = features.size(0), n = static_cast<int64_t>(decoder.layers.size());
     require(static_cast<int64_t>(caches.size()) == n && static_cast<int64_t>(sources.size()) == n,
             "each layer's caches and source");
@@ -507,6 +569,25 @@ PYBIND11_MODULE(_native, m) {
                                                             "oneDNN's packed float32 Linear layer")
         .def(py::init<at::Tensor, std::optional<at::Tensor>, int64_t, int64_t>(), py::kw_only(), py::arg("packed"),
              py::arg("bias"), py::arg("in_features"), py::arg("out_features"));
+    py::class_<Int8Linear, std::shared_ptr<Int8Linear>>(m, "Int8Linear",
+                                                        "an int8 Linear layer: weights quantized per row, "
+                                                        "activations per row at each product")
+        .def(py::init<const at::Tensor &, std::optional<at::Tensor>>(), py::arg("weight"), py::arg("bias"))
+        .def(py::init<const Int8Linear &, const at::Tensor &>(), py::arg("whole"), py::arg("rows"))
+        .def("__call__", &Int8Linear::operator(), py::arg("x"), py::call_guard<py::gil_scoped_release>())
+        .def_property_readonly("out_features", [](const Int8Linear &l) { return l.linear.out; })
+        .def_property_readonly("in_features", [](const Int8Linear &l) { return l.linear.in; });
+    m.def(
+        "int8_quantize_rows",
+        [](const at::Tensor &x) {
+            check_tensor(x, at::kFloat, "x", true);
+            require(x.dim() == 2, "x: (rows, n)");
+            at::Tensor quantized = at::empty(x.sizes(), at::kChar), scales = at::empty({x.size(0)}, at::kFloat);
+            int8_quantize_rows(x.data_ptr<float>(), x.size(0), x.size(1), quantized.data_ptr<int8_t>(),
+                               scales.data_ptr<float>());
+            return std::make_tuple(quantized, scales);
+        },
+        py::arg("x"));
     py::class_<Attention>(m, "Attention", "an attention sublayer's projections, heads and mode")
         .def(py::init<LinearSpec, std::optional<LinearSpec>, std::optional<LinearSpec>, LinearSpec, int64_t, int64_t,
                       double, int, int64_t>(),

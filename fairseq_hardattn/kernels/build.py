@@ -11,8 +11,8 @@ The C files are compiled with the kernels' flags: reassociated float sums
 (vectorised reductions) but IEEE infinities and NaN kept, and no
 -ffast-math (gcc < 13 would link crtfastmath.o, flushing denormals to zero
 in the whole process); those that repeat PyTorch's sums operation for
-operation (``IN_ORDER``) without reassociation or contraction, as the C++
-files. OpenMP where the compiler has it (torch's own runtime, the
+operation without reassociation or contraction (``FILE_FLAGS``), as the
+C++ files. OpenMP where the compiler has it (torch's own runtime, the
 ``libgomp.so.1`` it loads first), else its simd pragmas only.
 ``FAIRSEQ_HARDATTN_KERNEL_CFLAGS`` adds flags to every step (part of the
 key): ``scripts/sanitize_kernels.sh`` builds with the sanitizers so.
@@ -35,9 +35,10 @@ SOURCE_DIR = Path(__file__).resolve().parent
 MODULE = "fairseq_hardattn.kernels._native"
 COMMON = ("-O3", "-march=native", "-fPIC", "-fvisibility=hidden", "-fno-math-errno", "-fno-trapping-math")
 C_FLAGS = COMMON + ("-std=c99", "-fassociative-math", "-fno-signed-zeros")
+# per file: whose float sums repeat PyTorch's operation for operation (no
+# reassociation, no contraction), or whose float steps PyTorch's ops repeat
 IN_ORDER = ("-fno-associative-math", "-ffp-contract=off")
-# files whose float sums repeat PyTorch's, operation for operation
-IN_ORDER_FILES = ("layer_norm.c",)
+FILE_FLAGS = {"layer_norm.c": IN_ORDER, "int8_linear.c": IN_ORDER}
 CXX_FLAGS = COMMON + ("-std=c++20", "-ffp-contract=off", "-w")
 THREADING = (("-fopenmp",), ("-fopenmp-simd",))
 
@@ -110,7 +111,8 @@ def library_path(cached: bool = True) -> Path:
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
     key = hashlib.sha256(b"\0".join(
         [path.name.encode() + path.read_bytes() for path in files]
-        + [cc.encode(), cxx.encode(), " ".join(C_FLAGS + CXX_FLAGS + _extra_flags()).encode(), _cpu_signature(),
+        + [cc.encode(), cxx.encode(), " ".join(C_FLAGS + CXX_FLAGS + _extra_flags()).encode(), repr(FILE_FLAGS).encode(),
+           _cpu_signature(),
            torch.__version__.encode(), " ".join(compile_flags + link_flags).encode(), suffix.encode()])).hexdigest()
     return (cache_dir() if cached else _private_dir()) / f"_native-{key[:16]}{suffix}"
 
@@ -159,7 +161,7 @@ def _compile_and_link(cc, cxx, sources, tmp: Path, threading, extra, compile_fla
         obj = tmp / (source.name + ".o")
         objects.append(obj)
         if source.suffix == ".c":
-            flags = C_FLAGS + threading + (IN_ORDER if source.name in IN_ORDER_FILES else ())
+            flags = C_FLAGS + threading + FILE_FLAGS.get(source.name, ())
             commands.append((source.name, [cc, *flags, *extra, "-c", str(source), "-o", str(obj)]))
         else:
             commands.append((source.name, [cxx, *CXX_FLAGS, *threading, *extra, *compile_flags, "-c", str(source),

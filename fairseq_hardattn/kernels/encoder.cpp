@@ -17,19 +17,6 @@ namespace py = pybind11;
 namespace fairseq_hardattn {
 namespace {
 
-// A Linear layer's product as fairseq's call makes it: F.linear on its
-// weights, or (a layer packed for oneDNN: its forward) on the rows of x
-// flattened and padded (row_shapes.py's in_few_shapes).
-at::Tensor product(const LinearSpec &linear, const at::Tensor &x, const std::vector<int64_t> &padded) {
-    if (const auto *weights = std::get_if<LinearWeights>(&linear))
-        return at::linear(x, std::get<0>(*weights), std::get<1>(*weights));
-    const PackedLinear &packed = *std::get<std::shared_ptr<PackedLinear>>(linear);
-    const int64_t width = x.size(-1), rows = x.numel() / width;
-    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-    shape.back() = packed.out;
-    return packed(x.reshape({rows, width}), padded).view(shape);
-}
-
 at::Tensor norm(const at::Tensor &x, const NormWeights &weights) {
     const auto &[weight, bias, eps] = weights;
     return at::layer_norm(x, {x.size(-1)}, weight, bias, eps, true);
@@ -66,7 +53,7 @@ class Encoder {
             if (!pre_norm_) x = norm(x, layer.self_norm);
             residual = x;
             if (pre_norm_) x = norm(x, layer.final_norm);
-            x = product(layer.fc2, at::relu(product(layer.fc1, x, padded)), padded);
+            x = apply(layer.fc2, at::relu(apply(layer.fc1, x, padded)), padded);
             x = residual + x;
             if (!pre_norm_) x = norm(x, layer.final_norm);
         }

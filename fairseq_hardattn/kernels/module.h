@@ -35,8 +35,18 @@ struct PackedLinear {
     std::optional<at::Tensor> bias;
     int64_t in, out;
 };
-// a Linear layer as the kernels take it: float32 weights, or a packed one
-using LinearSpec = std::variant<LinearWeights, std::shared_ptr<PackedLinear>>;
+// An int8 Linear layer (int8_linear.c): its weights quantized and packed once
+struct Int8Linear {
+    Int8Linear(const at::Tensor &weight, std::optional<at::Tensor> bias);
+    Int8Linear(const Int8Linear &whole, const at::Tensor &rows);  // some of its output rows
+    // y (..., out) of x (..., in), float32 (the caller holds the GIL or not)
+    at::Tensor operator()(const at::Tensor &x) const;
+    at::Tensor packed, scales, sums;
+    std::optional<at::Tensor> bias;
+    fh_int8_linear linear{};
+};
+// a Linear layer as the kernels take it: float32 weights, a packed one or an int8 one
+using LinearSpec = std::variant<LinearWeights, std::shared_ptr<PackedLinear>, std::shared_ptr<Int8Linear>>;
 
 // ValueError(what) unless ok
 void require(bool ok, const std::string &what);
@@ -48,9 +58,18 @@ const fh_blas *torch_blas();
 void raise_for_status(const char *name, int status);
 fh_linear linear_of(const LinearWeights &weights, std::vector<at::Tensor> &kept);
 // a packed layer's fh_linear: its sizes and `context` the PackedLinear; its
-// product is set by the native search, which gives the padded rows
-fh_linear linear_of(const LinearSpec &spec, std::vector<at::Tensor> &kept,
-                    std::vector<std::shared_ptr<PackedLinear>> &packed);
+// product is set by the native search, which gives the padded rows. An int8
+// layer's: its product and its fh_int8_linear (the layer kept in `int8`)
+// A Linear layer's product of x (..., in) as the model's Python makes it:
+// F.linear on its weights; on a packed layer (its forward) the rows of x
+// flattened and padded (row_shapes.py's in_few_shapes); an int8 layer's
+at::Tensor apply(const LinearSpec &linear, const at::Tensor &x, const std::vector<int64_t> &padded);
+
+struct Held {
+    std::vector<std::shared_ptr<PackedLinear>> packed;
+    std::vector<std::shared_ptr<Int8Linear>> int8;
+};
+fh_linear linear_of(const LinearSpec &spec, std::vector<at::Tensor> &kept, Held &held);
 fh_norm norm_of(const NormWeights &weights, int64_t embed, std::vector<at::Tensor> &kept);
 
 struct Source {
@@ -65,14 +84,14 @@ struct Attention {
               int64_t head_dim, double scale, int mode, int64_t top_k);
     fh_attention_layer layer{};
     std::vector<at::Tensor> kept;
-    std::vector<std::shared_ptr<PackedLinear>> packed;
+    Held held;
 };
 
 struct FeedForward {
     FeedForward(LinearSpec fc1, LinearSpec fc2);
     fh_linear first{}, second{};
     std::vector<at::Tensor> kept;
-    std::vector<std::shared_ptr<PackedLinear>> packed;
+    Held held;
 };
 
 struct DecoderLayers {
@@ -85,7 +104,7 @@ struct DecoderLayers {
     int64_t embed;
     std::optional<fh_norm> last_norm;
     std::vector<at::Tensor> kept;
-    std::vector<std::shared_ptr<PackedLinear>> packed;
+    Held held;
 };
 
 // what a product of another library that failed said (its status is 3)

@@ -178,6 +178,37 @@ int decoder_step(const struct fh_blas *blas, const float *features, float *out, 
                  int64_t anc_stride, int64_t rows0, int64_t length, const struct fh_norm *last_norm,
                  struct fh_norm_variant variant);
 
+/* ---- int8 Linear layers (int8_linear.c) ---- */
+
+/* Weights quantized per output row and activations per input row at each
+ * product, both symmetric to [-127, 127]; the integer sums are exact, so a
+ * product is the same on every CPU (AVX-512 VNNI, AVX2 or neither):
+ * y[r][o] = (float)(sum_k xq[r][k] wq[o][k]) * (sx[r] * sw[o]) + b[o]. */
+enum { FH_INT8_BLOCK = 16 /* output rows packed together */ };
+struct fh_int8_linear {
+    const int8_t *weight; /* [out rounded up to FH_INT8_BLOCK / FH_INT8_BLOCK][in rounded up to 4 / 4]
+                             [FH_INT8_BLOCK][4], zeros beyond out and in */
+    const float *scales;  /* (out rounded up) each row's scale, 0 beyond out */
+    const int32_t *sums;  /* (out rounded up) 128 x each row's sum of its int8 weights */
+    const float *bias;    /* (out) or NULL */
+    int64_t out, in;
+};
+/* bytes of a packed weight of out x in */
+int64_t int8_packed_bytes(int64_t out, int64_t in);
+/* rows of x (rows, n) quantized: xq (rows, n), scales (rows); a row that
+ * is not finite has scale NAN */
+void int8_quantize_rows(const float *x, int64_t rows, int64_t n, int8_t *xq, float *scales);
+/* w (out, in) quantized per row and packed into weight, scales, sums
+ * (int8_packed_bytes, and out rounded up floats and int32s) */
+void int8_pack(const float *w, int64_t out, int64_t in, int8_t *weight, float *scales, int32_t *sums);
+/* the output rows `rows` (n of them) of a packed layer, packed as a layer
+ * of their own (its scales and sums too): a shortlist's logits */
+void int8_rows(const struct fh_int8_linear *linear, const int64_t *rows, int64_t n, int8_t *weight, float *scales,
+               int32_t *sums);
+/* an fh_product_fn: `context` an fh_int8_linear; rows whose scale is NAN
+ * give NAN; returns 0, 2 without scratch memory */
+int int8_product(void *context, const float *x, int64_t rows, float *y);
+
 /* ---- sampling's generators, PyTorch's bit for bit (sentence_draws.c) ---- */
 void seed_generators(const uint64_t *seeds, int64_t n, uint32_t *states);
 /* row i of out (n rows of `per`; float32 where `single`, else float64) from generator i */

@@ -30,12 +30,15 @@ namespace fairseq_hardattn {
 namespace {
 
 // How a step's features become logits: oneDNN's packed Linear
-// (``packed_linear.py``), ``block`` rows at a time; or an ``mm`` with the
-// output projection's weight transposed (the whole step at once).
+// (``packed_linear.py``) or an int8 one, ``block`` rows at a time; or an
+// ``mm`` with the output projection's weight transposed (the whole step at
+// once).
 struct Projection {
-    Projection(std::optional<at::Tensor> transposed, std::shared_ptr<PackedLinear> packed, int64_t block)
-        : transposed(std::move(transposed)), packed(std::move(packed)), block(block) {
-        require(this->transposed.has_value() != (this->packed != nullptr), "a transposed weight or a packed Linear");
+    Projection(std::optional<at::Tensor> transposed, std::shared_ptr<PackedLinear> packed,
+               std::shared_ptr<Int8Linear> int8, int64_t block)
+        : transposed(std::move(transposed)), packed(std::move(packed)), int8(std::move(int8)), block(block) {
+        require(this->transposed.has_value() + (this->packed != nullptr) + (this->int8 != nullptr) == 1,
+                "a transposed weight, a packed Linear or an int8 one");
         if (this->transposed) {
             check_tensor(*this->transposed, at::kFloat, "the projection's transposed weight", true);
             require(this->transposed->dim() == 2, "the (features, vocab) transposed weight");
@@ -45,11 +48,16 @@ struct Projection {
 
     // logits (rows, vocab) of features (rows, features), contiguous
     at::Tensor operator()(const at::Tensor &features, const std::vector<int64_t> &padded) const {
+        if (int8) return (*int8)(features);
         return packed ? (*packed)(features, padded) : at::mm(features, *transposed);
     }
 
+    // whether the logits are made a block of rows at a time
+    bool in_blocks() const { return packed || int8; }
+
     std::optional<at::Tensor> transposed;
     std::shared_ptr<PackedLinear> packed;
+    std::shared_ptr<Int8Linear> int8;
     int64_t block;
 };
 
@@ -90,12 +98,7 @@ SourceCache project_source(const at::Tensor &encoder_out, const LinearSpec &k, c
     // (src_len, sentences, features) -> (sentences, heads, src_len, head_dim), contiguous
     const int64_t src_len = encoder_out.size(0), sentences = encoder_out.size(1);
     auto project = [&](const LinearSpec &linear) {
-        at::Tensor projected;
-        if (const auto *weights = std::get_if<LinearWeights>(&linear))
-            projected = at::linear(encoder_out, std::get<0>(*weights), std::get<1>(*weights));
-        else
-            projected = (*std::get<std::shared_ptr<PackedLinear>>(linear))(
-                encoder_out.reshape({src_len * sentences, encoder_out.size(2)}), padded);
+        const at::Tensor projected = apply(linear, encoder_out, padded);
         return projected.contiguous().view({src_len, sentences, heads, head_dim}).permute({1, 2, 0, 3}).contiguous();
     };
     SourceCache cache{project(k), at::Tensor(), project(v)};
@@ -139,7 +142,7 @@ class BeamSearch {
             for (fh_linear *linear : {&layer.self_attention.q, &layer.self_attention.k, &layer.self_attention.v,
                                       &layer.self_attention.out, &layer.cross_attention.q, &layer.cross_attention.out,
                                       &layer.fc1, &layer.fc2})
-                if (!linear->weight && linear->context) {  // a packed Linear: its rows padded as this search pads
+                if (!linear->product && linear->context) {  // a packed Linear: its rows padded as this search pads
                     calls_.push_back(std::make_unique<PackedCall>(
                         PackedCall{static_cast<const PackedLinear *>(linear->context), &padded_}));
                     linear->product = packed_call;
@@ -318,7 +321,7 @@ class BeamSearch {
         const std::vector<int64_t> &columns = special_columns_[eos_blocked];
         const std::vector<float> &adds = special_adds_[eos_blocked];
         const at::Tensor features = features_.narrow(0, 0, rows);
-        const int64_t block = projection_.packed ? projection_.block : std::max<int64_t>(rows, 1);
+        const int64_t block = projection_.in_blocks() ? projection_.block : std::max<int64_t>(rows, 1);
         require(rows < static_cast<int64_t>(padded_.size()) || !projection_.packed, "padded rows for every block");
         for (int64_t start = 0; start < rows; start += block) {
             const int64_t end = std::min(start + block, rows);
@@ -465,8 +468,9 @@ class BeamSearch {
 
 void register_search(py::module_ &m) {
     py::class_<Projection>(m, "Projection", "how the native search's steps make their logits")
-        .def(py::init<std::optional<at::Tensor>, std::shared_ptr<PackedLinear>, int64_t>(), py::kw_only(),
-             py::arg("transposed"), py::arg("packed"), py::arg("block"));
+        .def(py::init<std::optional<at::Tensor>, std::shared_ptr<PackedLinear>, std::shared_ptr<Int8Linear>,
+                      int64_t>(),
+             py::kw_only(), py::arg("transposed"), py::arg("packed"), py::arg("int8"), py::arg("block"));
     m.def(
         "beam_search",
         [](DecoderLayers &decoder, const std::vector<std::tuple<LinearSpec, LinearSpec>> &source_weights,

@@ -14,7 +14,6 @@ from fairseq.sequence_generator import SequenceGenerator
 
 from ..errors import ConfigError
 from ..compat import loading
-from ..decoding.int8 import cpu_has_amx
 
 
 @dataclass
@@ -77,7 +76,8 @@ def device_name(device: str) -> str:
             name = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    return f"{name} ({'with' if cpu_has_amx() else 'no'} AMX)"
+    amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
+    return f"{name} ({'with' if amx else 'no'} AMX)"
 
 
 def to_device(sample, device: str):

@@ -12,7 +12,7 @@ from fairseq import options
 
 import fairseq_hardattn
 from fairseq_hardattn import ConfigError
-from torch.ao.nn.quantized.dynamic import Linear as Int8Linear
+from fairseq_hardattn.decoding.int8 import Int8Linear
 from fairseq_hardattn.models.attention_kind_base import AttentionKindTransformerModel
 from fairseq_hardattn.modules import HardRetrievalAttention
 

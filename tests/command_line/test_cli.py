@@ -219,9 +219,10 @@ def test_console_scripts_in_the_forkserver_behave_as_fresh_processes(trained_che
 def test_int8_decoding_through_generate_interactive_and_the_hub(trained_checkpoints, reorder_data):
     """--int8-decoding as a decoding-time override (generate, interactive,
     also on a fairseq transformer checkpoint) and a hub argument: the Linear
-    layers become PyTorch's int8 ones, every sentence is translated."""
+    layers become the plugin's int8 ones, every sentence is translated."""
     from fairseq.models.transformer import TransformerModel
-    from torch.ao.nn.quantized.dynamic import Linear as Int8Linear
+
+    from fairseq_hardattn.decoding.int8 import Int8Linear
 
     from conftest import interactive
 
@@ -239,16 +240,14 @@ def test_int8_decoding_through_generate_interactive_and_the_hub(trained_checkpoi
     assert hub.translate(["s1 s2 s3", "s4 s5"], beam=4)
 
 
-def test_int8_packing_leaves_the_process_engine_and_stays_near_float32():
-    """quantize_for_decoding packs for its chosen engines (oneDNN for the
-    output projection, and for every layer with AMX) and restores the
-    process-wide quantized engine; each int8 Linear stays within int8
-    rounding of its float32 layer."""
-    from torch.ao.nn.quantized.dynamic import Linear as Int8Linear
+def test_int8_quantizes_every_linear_layer_and_leaves_the_process_as_it_was():
+    """quantize_for_decoding makes every Linear layer an Int8Linear (the
+    output projection too), changes nothing of the process (torch's
+    quantized engine, its threads) and stays within int8 rounding of
+    float32."""
+    from fairseq_hardattn.decoding.int8 import Int8Linear, quantize_for_decoding
 
-    from fairseq_hardattn.decoding.int8 import quantize_for_decoding
-
-    class Decoder(torch.nn.Module):  # a layer, then the output projection packed apart
+    class Decoder(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.layer = torch.nn.Linear(64, 256)
@@ -263,9 +262,9 @@ def test_int8_packing_leaves_the_process_engine_and_stays_near_float32():
     x = torch.randn(32, 64)
     with torch.no_grad():
         expected = model.decoder(x)
-    before = torch.backends.quantized.engine
+    before = (torch.backends.quantized.engine, torch.get_num_threads())
     quantize_for_decoding(model)
-    assert torch.backends.quantized.engine == before
+    assert (torch.backends.quantized.engine, torch.get_num_threads()) == before
     assert all(isinstance(m, Int8Linear) for m in (model.decoder.layer, model.decoder.output_projection))
     with torch.no_grad():
         error = (model.decoder(x) - expected).norm() / expected.norm()

@@ -13,8 +13,7 @@ import torch
 from fairseq.search import Sampling
 
 from fairseq_hardattn import kernels
-from fairseq_hardattn.decoding import PluginBeamSearch, native_search, packed_linear
-from fairseq_hardattn.decoding.int8 import quantize_for_decoding
+from fairseq_hardattn.decoding import PluginBeamSearch, bf16, native_search, packed_linear
 
 from conftest import build_model, decisive_model, make_dictionary, sample_of
 from test_beam_search import OPTIONS as BEAM_SEARCH_OPTIONS
@@ -114,7 +113,7 @@ def test_the_native_search_decodes_batches_whose_sentences_end_at_many_steps(mon
     ("ensemble", "an ensemble"),
     ("prefix", "a prefix"),
     ("n-gram blocking", "n-gram blocking"),
-    ("int8", "int8"),
+    ("bfloat16", "bfloat16"),
     ("cross+self attention", "cross+self attention"),
     ("average attention", "AverageAttention"),
 ])
@@ -133,8 +132,10 @@ def test_what_the_native_search_does_not_run_stays_on_the_python_search_with_its
         prefix = torch.full((6, 1), 7, dtype=torch.long)
     elif case == "n-gram blocking":
         options["no_repeat_ngram_size"] = 2
-    elif case == "int8":
-        quantize_for_decoding(model)
+    elif case == "bfloat16":
+        if not bf16.cpu_bf16_feature():  # (emulated by PyTorch: the same numbers, slower)
+            monkeypatch.setattr(bf16, "cpu_bf16_feature", lambda: "AMX")
+        bf16.to_bf16_for_decoding(model)
     calls = []
     searched = native_search.NativeModel.search
     monkeypatch.setattr(native_search.NativeModel, "search", lambda *args: calls.append(1) or searched(*args))
