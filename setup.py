@@ -12,7 +12,9 @@ setup(
         "Efficient decoder attention for fairseq Transformers: hard retrieval, "
         "cross+self, average attention, flexible and local attention"
     ),
-    packages=find_packages(include=["fairseq_hardattn", "fairseq_hardattn.*"]),
+    # the plugin, and apart from it the tooling of scripts/ and research/
+    # (benchmarks, scoring, plots, fixtures), which --user-dir never loads
+    packages=find_packages(include=["fairseq_hardattn", "fairseq_hardattn.*", "hardattn_tools"]),
     # the native library is built against the installed PyTorch, by `make venv`
     # or on first use (fairseq_hardattn/kernels/build.py)
     package_data={"fairseq_hardattn.kernels": ["*.c", "*.cpp", "*.h"]},
@@ -34,7 +36,7 @@ setup(
         # (pytest-xdist#1386): grouped tests would each set up their fixtures
         "test": ["pytest>=7,<9.2", "pytest-xdist>=3", "pytest-timeout>=2.1"],
         "plots": ["matplotlib>=3.5"],
-        # the decoding benchmarks' peer (tools/ctranslate2_peer.py); never needed by the plugin
+        # the decoding benchmarks' peer (hardattn_tools/ctranslate2_peer.py); never needed by the plugin
         "bench": ["ctranslate2>=4.0"],
     },
 )

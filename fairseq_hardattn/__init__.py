@@ -9,20 +9,40 @@ the last batch of a data set, one-line errors, signals, quieter warnings).
 ``from_pretrained`` is the hub with the plugin's checks.
 """
 
-from . import compat
+import sys
+
 from .errors import ConfigError
-
-compat.install()  # before anything loads a checkpoint
-if compat.running_a_fairseq_command():
-    compat.install_for_command_line()
-
-from . import bpe, criterions, decoding, models  # noqa: E402,F401
-from .compat.hub import from_pretrained  # noqa: E402
-
-__all__ = ["ConfigError", "USER_DIR", "from_pretrained", "registered_architectures"]
 
 # the value of fairseq's --user-dir (and the hub's user_dir=) for this plugin
 USER_DIR = __path__[0]
+
+
+def _run_as_its_own_command() -> bool:
+    """``python -m fairseq_hardattn ...``: its ``__main__`` loads what the
+    command asks for (its --help and the plugin's path need neither torch nor
+    fairseq)."""
+    argv = getattr(sys, "orig_argv", [])
+    return "-m" in argv and argv[argv.index("-m") + 1:][:1] == [__name__] and sys.argv[:1] == ["-m"]
+
+
+def load():
+    """Register the models, criterions, BPE and engine; let torch read
+    fairseq checkpoints; in a fairseq command, install compat's fixes."""
+    global from_pretrained
+    from . import compat
+
+    compat.install()  # before anything loads a checkpoint
+    if compat.running_a_fairseq_command():
+        compat.install_for_command_line()
+
+    from . import bpe, criterions, decoding, models  # noqa: F401
+    from .compat.hub import from_pretrained
+
+
+if not _run_as_its_own_command():
+    load()
+
+__all__ = ["ConfigError", "USER_DIR", "from_pretrained", "registered_architectures"]
 
 
 def registered_architectures():

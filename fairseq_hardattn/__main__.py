@@ -6,7 +6,7 @@ fairseq's ``--user-dir`` from any working directory::
 ``python -m fairseq_hardattn translate DATA_BIN --path CKPT --input FILE
 --output FILE ...`` translates a text file (``corpus``; docs/corpus.md);
 ``python -m fairseq_hardattn shortlist DATA_BIN -o FILE`` makes a vocabulary
-shortlist's table (``tools/shortlist_table.py``).
+shortlist's table (``fairseq_hardattn/shortlist_table.py``).
 """
 
 import argparse
@@ -44,13 +44,16 @@ def build_parser():
 
 
 def run_command(name, argv):
+    from . import load
+
+    load()  # (``python -m fairseq_hardattn`` imports the package without it)
     if name == "translate":
         from .corpus.command import main as translate
 
         translate(argv)
     elif name == "shortlist":
         from . import compat
-        from .tools.shortlist_table import main as shortlist
+        from .shortlist_table import main as shortlist
 
         compat.install_for_command_line()  # one-line errors
         shortlist(argv)

@@ -36,9 +36,9 @@ from fairseq_hardattn.modules import (  # noqa: E402
     LocalAttention,
     decoding_step,
 )
-from fairseq_hardattn.tools.fixtures import DTYPES, check_device  # noqa: E402
-from fairseq_hardattn.tools.reporting import write_outputs  # noqa: E402
-from fairseq_hardattn.tools.timing import synchronize  # noqa: E402
+from hardattn_tools.fixtures import DTYPES, check_device  # noqa: E402
+from hardattn_tools.reporting import write_outputs  # noqa: E402
+from hardattn_tools.timing import synchronize  # noqa: E402
 
 # flexible_torch_ops: flexible attention without its C kernel (as on GPU);
 # flexible_small_gate: with a --small-gate-dim gate network (--flexible-gate-dim)

@@ -26,10 +26,10 @@ import torch  # noqa: E402
 from fairseq import checkpoint_utils  # noqa: E402
 
 from fairseq_hardattn import ConfigError, compat  # noqa: E402
-from fairseq_hardattn.tools import fixtures, timing  # noqa: E402
-from fairseq_hardattn.tools.plotting import pyplot, save_line_plot  # noqa: E402
-from fairseq_hardattn.tools.reporting import write_outputs  # noqa: E402
-from fairseq_hardattn.tools.scoring import tokenized_bleu  # noqa: E402
+from hardattn_tools import fixtures, timing  # noqa: E402
+from hardattn_tools.plotting import pyplot, save_line_plot  # noqa: E402
+from hardattn_tools.reporting import write_outputs  # noqa: E402
+from hardattn_tools.scoring import tokenized_bleu  # noqa: E402
 
 
 def main(argv=None):

@@ -20,11 +20,11 @@ import torch  # noqa: E402
 
 from fairseq_hardattn.decoding import fixed_shape_step  # noqa: E402
 from fairseq_hardattn.models.attention_kind_base import SMALL_DIMS  # noqa: E402
-from fairseq_hardattn.tools.fixtures import (DictionaryTask, load_models, make_generator,  # noqa: E402
+from hardattn_tools.fixtures import (DictionaryTask, load_models, make_generator,  # noqa: E402
                                              parse_model_specs, prepare_for_decoding, random_batches,
                                              synthetic_dictionary)
-from fairseq_hardattn.tools.reporting import write_outputs  # noqa: E402
-from fairseq_hardattn.tools.timing import decode  # noqa: E402
+from hardattn_tools.reporting import write_outputs  # noqa: E402
+from hardattn_tools.timing import decode  # noqa: E402
 
 
 def main():

@@ -36,8 +36,8 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
-    from fairseq_hardattn.tools.process_memory import process_tree, pss_mb
-    from fairseq_hardattn.tools.scratch import scratch_folder
+    from hardattn_tools.process_memory import process_tree, pss_mb
+    from hardattn_tools.scratch import scratch_folder
 
     args = parse_args(argv)
     buffer_lines = int(args.command[args.command.index("--buffer-size") + 1])

@@ -49,7 +49,7 @@ def start(command, output):
 
 def main(argv=None):
     args = parse_args(argv)
-    from fairseq_hardattn.tools.scratch import scratch_folder
+    from hardattn_tools.scratch import scratch_folder
 
     work = scratch_folder("corpus-resume-", keep=args.work_dir)
     whole, stopped = work / "whole.txt", work / "stopped.txt"

@@ -31,6 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "research"))
 import real_data_peer  # noqa: E402
+from hardattn_tools.provenance import write_json  # noqa: E402
 
 # (category, test on a perf sample's shared object and symbol), the first that holds
 CATEGORIES = (
@@ -159,7 +160,7 @@ def main(argv=None):
         folder = Path(work)
         setting = {}
         if "ctranslate2" in args.systems:  # (its model converted, its sources written, from the checkpoint)
-            from fairseq_hardattn.tools.ctranslate2_peer import convert
+            from hardattn_tools.ctranslate2_peer import convert
 
             task, models, _, batches = real_data_peer.load(args)
             (folder / "sources.json").write_text(json.dumps(
@@ -172,7 +173,7 @@ def main(argv=None):
                 figures[system] = dict(seconds=seconds, sentences=sentences, shares=shares, samples=samples)
     print_table(figures)
     if args.json:
-        Path(args.json).write_text(json.dumps(dict(command=" ".join(sys.argv), **figures), indent=1) + "\n")
+        write_json(args.json, figures)
 
 
 def print_table(figures):

@@ -57,7 +57,7 @@ def modes(args):
 
 def decode(args, checkpoint, subset, overrides):
     """The lowercased hypotheses of fairseq-generate on ``subset``."""
-    from fairseq_hardattn.tools.scoring import read_hypotheses
+    from hardattn_tools.scoring import read_hypotheses
 
     proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "fairseq-generate"), args.data,
                            "--user-dir", os.path.join(REPO, "fairseq_hardattn"), "--path", checkpoint,
@@ -75,8 +75,8 @@ def runaways(hyps, reference):
 
 
 def main(argv=None):
-    from fairseq_hardattn.tools.reporting import write_outputs
-    from fairseq_hardattn.tools.scoring import paired_bootstrap, tokenized_bleu
+    from hardattn_tools.reporting import write_outputs
+    from hardattn_tools.scoring import paired_bootstrap, tokenized_bleu
 
     args = parse_args(argv)
     references = dict(item.split("=", 1) for item in args.tok_ref)

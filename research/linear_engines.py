@@ -30,8 +30,8 @@ from torch.utils import benchmark  # noqa: E402
 from fairseq_hardattn.decoding import packed_linear  # noqa: E402
 from fairseq_hardattn.decoding.heap import keep_large_blocks_in_the_heap  # noqa: E402
 from fairseq_hardattn.decoding.int8 import Int8Linear  # noqa: E402
-from fairseq_hardattn.tools.fixtures import device_name  # noqa: E402
-from fairseq_hardattn.tools.reporting import write_outputs  # noqa: E402
+from hardattn_tools.fixtures import device_name  # noqa: E402
+from hardattn_tools.reporting import write_outputs  # noqa: E402
 
 # the small preset's shapes, the smallest weight that packs (256 x 256), Base's
 DEFAULT_SHAPES = ("256x128x128", "256x128x256", "256x256x128", "256x128x10000", "128x256x256",

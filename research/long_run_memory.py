@@ -22,7 +22,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from fairseq_hardattn.tools.process_memory import tree_pss_mb  # noqa: E402
+from hardattn_tools.process_memory import tree_pss_mb  # noqa: E402
 
 
 # random sentences make a model loop to its length limit: this one keeps runs short

@@ -40,7 +40,7 @@ def current_rss_mb():
 def child(args):
     """Run one workload in this process; print one JSON line."""
     import torch
-    from fairseq_hardattn.tools import fixtures, timing
+    from hardattn_tools import fixtures, timing
 
     torch.set_num_threads(1)
     dictionary = fixtures.synthetic_dictionary(args.vocab)
@@ -117,7 +117,7 @@ def main(argv=None):
     lines = ["| arch | workload | peak MB | MB used by the workload |", "|---|---|---|---|"]
     lines += [f"| {r['arch']} | {r['workload']} | {r['peak_mb']:.0f} | {r['workload_mb']:.0f} |"
               for r in rows]
-    from fairseq_hardattn.tools.reporting import write_outputs
+    from hardattn_tools.reporting import write_outputs
 
     write_outputs({"settings": vars(args), "results": rows}, "\n".join(lines), args.json,
                   args.markdown)

@@ -22,8 +22,8 @@ import torch.nn.functional as F  # noqa: E402
 from torch.utils import benchmark  # noqa: E402
 
 from fairseq_hardattn.modules.gather import retrieve  # noqa: E402
-from fairseq_hardattn.tools.fixtures import device_name  # noqa: E402
-from fairseq_hardattn.tools.reporting import write_outputs  # noqa: E402
+from hardattn_tools.fixtures import device_name  # noqa: E402
+from hardattn_tools.reporting import write_outputs  # noqa: E402
 
 
 def measure(stmt, min_run_time, **tensors):

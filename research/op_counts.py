@@ -20,9 +20,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.p
 
 import torch  # noqa: E402
 
-from fairseq_hardattn.tools import fixtures  # noqa: E402
-from fairseq_hardattn.tools.op_counting import counting  # noqa: E402
-from fairseq_hardattn.tools.reporting import write_outputs  # noqa: E402
+from hardattn_tools import fixtures  # noqa: E402
+from hardattn_tools.op_counting import counting  # noqa: E402
+from hardattn_tools.reporting import write_outputs  # noqa: E402
 
 DEFAULT_ARCHS = [
     "fairseq=transformer", "fairseq_cross_self=transformer", "soft=transformer_soft",

@@ -18,9 +18,9 @@ logging.getLogger("fairseq").setLevel(logging.WARNING)
 
 import torch  # noqa: E402
 
-from fairseq_hardattn.tools import fixtures, timing  # noqa: E402
-from fairseq_hardattn.tools.plotting import pyplot, save_line_plot  # noqa: E402
-from fairseq_hardattn.tools.reporting import write_outputs  # noqa: E402
+from hardattn_tools import fixtures, timing  # noqa: E402
+from hardattn_tools.plotting import pyplot, save_line_plot  # noqa: E402
+from hardattn_tools.reporting import write_outputs  # noqa: E402
 
 
 def main(argv=None):

@@ -42,6 +42,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from hardattn_tools.provenance import write_json
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
@@ -202,7 +204,7 @@ def ctranslate2_options(args) -> dict:
 
 def ctranslate2_run(model, dictionary, batches, args):
     """CTranslate2's runs, one per batch size: its seconds and hypotheses."""
-    from fairseq_hardattn.tools.ctranslate2_peer import convert
+    from hardattn_tools.ctranslate2_peer import convert
 
     sources = ctranslate2_sources(dictionary, batches)
     options = dict(ctranslate2_options(args), num_hypotheses=args.ct2_hypotheses)
@@ -262,9 +264,9 @@ def main(argv=None):
     for part, value in sorted(seconds.items(), key=lambda kv: -kv[1]):
         print(f"  {part:48s} {value:7.2f} s {100 * value / whole:5.1f}%")
     if args.json:
-        Path(args.json).write_text(json.dumps(dict(
-            command=" ".join(sys.argv), sentences=sentences, tokens=tokens, parts=dict(seconds), calls=dict(calls),
-            ctranslate2=[{k: p[k] for k in ("batch", "seconds", "tokens")} for p in peers]), indent=1) + "\n")
+        write_json(args.json, dict(
+            sentences=sentences, tokens=tokens, parts=dict(seconds), calls=dict(calls),
+            ctranslate2=[{k: p[k] for k in ("batch", "seconds", "tokens")} for p in peers]))
     if args.profile_ops:
         from torch.profiler import ProfilerActivity, profile
 

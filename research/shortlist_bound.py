@@ -19,12 +19,13 @@ Example: research/shortlist_bound.py --dims small --vocab 10000
 
 import argparse
 import importlib.util
-import json
 import os
 import statistics
 import sys
 import time
 import warnings
+
+from hardattn_tools.provenance import write_json
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -97,7 +98,7 @@ def main(argv=None):
 
     from fairseq_hardattn import compat, kernels
     from fairseq_hardattn.decoding import PluginBeamSearch, beam_search, native_search
-    from fairseq_hardattn.tools.scratch import scratch_folder
+    from hardattn_tools.scratch import scratch_folder
 
     work = str(scratch_folder("shortlist-bound-"))
     with warnings.catch_warnings():  # (hydra's deprecation notes, as a training parser leaves them)
@@ -157,8 +158,7 @@ def main(argv=None):
     print(f"bound 1 / (1 - {share:.2f} x {1 - kept:.2f}) = {figures['bound']:.2f}x; "
           f"measured {figures['measured']:.2f}x")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(figures, f, indent=1)
+        write_json(args.json, figures)
 
 
 if __name__ == "__main__":

@@ -17,11 +17,12 @@ Example: research/shortlist_groups.py --dims small --vocab 10000
 """
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import time
+
+from hardattn_tools.provenance import write_json
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -171,8 +172,7 @@ def main(argv=None):
               f"({median['whole vocabulary'] / seconds:.2f}x the whole vocabulary's)")
     print("columns: " + ", ".join(f"{k} {v}" for k, v in figures["columns"].items()))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(figures, f, indent=1)
+        write_json(args.json, figures)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Argmax mass and effective keys of a model's hard retrieval heads; see
-fairseq_hardattn/tools/attention_sharpness.py."""
+hardattn_tools/attention_sharpness.py."""
 import sys
 
-from fairseq_hardattn.tools.attention_sharpness import main
+from hardattn_tools.attention_sharpness import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -137,7 +137,7 @@ def random_checkpoint(trained_cfg, task, dims: str, path: Path):
 
 
 def ct2_model(model, task, folder: Path) -> str:
-    from fairseq_hardattn.tools.ctranslate2_peer import convert
+    from hardattn_tools.ctranslate2_peer import convert
 
     folder.mkdir(parents=True, exist_ok=True)
     return convert(model, task.source_dictionary, str(folder))
@@ -203,7 +203,7 @@ def command_of(system, args, checkpoint, ct2_dir, mode, length, source: Path, ou
 
 def run(argv, stdout_path, progress=lambda: None, kill_after=None):
     """(wall seconds, peak MB, memory samples, exit code) of one run."""
-    from fairseq_hardattn.tools.process_memory import MemorySampler
+    from hardattn_tools.process_memory import MemorySampler
 
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     stdout = open(stdout_path, "w") if stdout_path else subprocess.DEVNULL
@@ -249,7 +249,7 @@ def growth_after(samples, lines=10000):
 
 def main(argv=None):
     args = parse_args(argv)
-    from fairseq_hardattn.tools.scratch import scratch_folder
+    from hardattn_tools.scratch import scratch_folder
 
     work = scratch_folder("corpus-bench-", keep=args.work_dir)
     caps = {k: int(v) for k, v in (item.split("=", 1) for item in args.lines_of)}
@@ -325,7 +325,7 @@ def main(argv=None):
 
 
 def write_tables(args, record):
-    from fairseq_hardattn.tools.reporting import write_outputs
+    from hardattn_tools.reporting import write_outputs
 
     runs = [r for r in record["runs"] if "system" in r]
     lines = [f"Cores: {record['cores']}. Corpus: lines drawn from {args.text}; lines/s of whole runs "

@@ -11,6 +11,14 @@ systems alternated, the median of --reps kept. Rates: fairseq-generate's own
 "Translated N sentences ... in T s" (decoding only); CTranslate2's wall time
 for the same sentences. Needs ctranslate2 (pip install -e .[bench]).
 
+With ``--data DATA_BIN --path CHECKPOINT`` it decodes real sentences with a
+trained model instead: ``--subset`` of the binarized set (test, valid), each
+sentence to its own end as fairseq-generate decodes it (nothing forced),
+batched by ``--batch`` or ``--max-tokens``; CTranslate2 translates the same
+source tokens with its fairseq converter on the same weights, batched by the
+same limit (``max_batch_size``, its ``batch_type``), and the table also says
+how many best hypotheses agree.
+
 With ``--text`` the sources are real sentences (a BPE'd text file, its
 tokens from ``--dictionary``, the dictionary padded with unused symbols to
 ``--vocab``), so that a vocabulary shortlist sees a real batch's tokens; with
@@ -18,7 +26,8 @@ tokens from ``--dictionary``, the dictionary padded with unused symbols to
 ``python -m fairseq_hardattn shortlist``) the engine also decodes over it and
 CTranslate2 with the same file as its vocabulary map (``use_vmap``).
 
-Example: scripts/benchmark_generate_cores.py --dims small --reps 3 --markdown results/speed_generate_cores.md
+Examples: scripts/benchmark_generate_cores.py --dims small --reps 3 --markdown results/speed_generate_cores.md
+  scripts/benchmark_generate_cores.py --data DEEN/data-bin --path DEEN/checkpoint.pt --subset test --batch 64
 """
 
 import argparse
@@ -45,6 +54,11 @@ def parse_args(argv=None):
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--vocab", type=int, default=10000)
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--data", help="a trained model's binarized data (with --path): real sentences")
+    p.add_argument("--path", help="with --data: the trained fairseq transformer checkpoint")
+    p.add_argument("--subset", default="test", help="with --data: the set decoded (default: test)")
+    p.add_argument("--max-tokens", type=int, help="with --data: batches of at most N source tokens "
+                                                       "(instead of --batch sentences)")
     p.add_argument("--text", help="sources: a BPE'd text file (default: random words)")
     p.add_argument("--dictionary", help="with --text: its dictionary (fairseq's dict.LANG.txt)")
     p.add_argument("--shortlist", help="a shortlist table (vmap) in --dictionary's tokens")
@@ -55,7 +69,11 @@ def parse_args(argv=None):
     p.add_argument("--json", help="write the rates here")
     p.add_argument("--markdown", help="write the table here")
     args = p.parse_args(argv)
-    for option in ("text", "dictionary", "shortlist"):
+    if bool(args.data) != bool(args.path):
+        p.error("--data and --path go together (a trained model's data and checkpoint)")
+    if args.data and (args.text or args.shortlist):
+        p.error("--data decodes its own set: not with --text or --shortlist")
+    for option in ("text", "dictionary", "shortlist", "path"):
         path = getattr(args, option)
         if path is not None and not os.path.isfile(path):
             p.error(f"--{option} {path}: no such file")
@@ -111,11 +129,39 @@ def checkpoint_and_data(args, work):
     return older, rows
 
 
-def generate_rate(args, work, overrides=None, threads=None):
-    command = [os.path.join(os.path.dirname(sys.executable), "fairseq-generate"), f"{work}/bin",
-               "--user-dir", USER_DIR, "--path", f"{work}/model.pt", "--beam", "4",
-               "--batch-size", str(args.batch), "--min-len", str(args.len), "--max-len-a", "0",
-               "--max-len-b", str(args.len), "--gen-subset", "test"]
+def real_sentences(args, work):
+    """The trained model's set as CTranslate2 reads it (``work/test.src``:
+    its source tokens a line, in the set's order) and its converted model."""
+    from ctranslate2.converters import FairseqConverter
+    from fairseq.data import Dictionary, data_utils
+
+    import fairseq_hardattn  # noqa: F401  (torch >= 2.6 reads fairseq checkpoints)
+
+    names = sorted(os.listdir(args.data))
+    pair = next(n.split(".")[1] for n in names if n.startswith(f"{args.subset}.") and n.endswith(".idx"))
+    source, target = pair.split("-")
+    dictionary = Dictionary.load(os.path.join(args.data, f"dict.{source}.txt"))
+    dataset = data_utils.load_indexed_dataset(os.path.join(args.data, f"{args.subset}.{pair}.{source}"),
+                                              dictionary)
+    with open(f"{work}/test.src", "w") as f:
+        for i in range(len(dataset)):
+            f.write(" ".join(dictionary[int(t)] for t in dataset[i][:-1]) + "\n")
+    FairseqConverter(args.path, args.data, source_lang=source, target_lang=target).convert(f"{work}/ct2",
+                                                                                         force=True)
+    return len(dataset)
+
+
+def generate_rate(args, work, overrides=None, threads=None, hypotheses=None):
+    if args.data:
+        limit = ["--max-tokens", str(args.max_tokens)] if args.max_tokens else ["--batch-size", str(args.batch)]
+        command = [os.path.join(os.path.dirname(sys.executable), "fairseq-generate"), args.data,
+                   "--user-dir", USER_DIR, "--path", args.path, "--beam", "4", *limit, "--gen-subset",
+                   args.subset]
+    else:
+        command = [os.path.join(os.path.dirname(sys.executable), "fairseq-generate"), f"{work}/bin",
+                   "--user-dir", USER_DIR, "--path", f"{work}/model.pt", "--beam", "4",
+                   "--batch-size", str(args.batch), "--min-len", str(args.len), "--max-len-a", "0",
+                   "--max-len-b", str(args.len), "--gen-subset", "test"]
     if overrides:
         command += ["--model-overrides", overrides]
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
@@ -126,6 +172,8 @@ def generate_rate(args, work, overrides=None, threads=None):
     found = re.search(r"Translated [\d,]+ sentences .* in [\d.]+s \(([\d.]+) sentences/s", out.stdout + out.stderr)
     if not found:
         raise SystemExit("benchmark_generate_cores: fairseq-generate failed: " + out.stderr[-600:])
+    if hypotheses is not None:  # each sentence's best hypothesis (its tokens), by id
+        hypotheses.update(re.findall(r"^H-(\d+)\t\S+\t(.*)$", out.stdout, flags=re.M))
     return float(found.group(1))
 
 
@@ -135,9 +183,20 @@ directory, compute_type, inter, intra, batch, steps = sys.argv[1:7]
 words = [line.split() for line in open(sys.argv[7])]
 translator = ctranslate2.Translator(directory, device="cpu", compute_type=compute_type,
                                     inter_threads=int(inter), intra_threads=int(intra))
+batch = int(batch)
+if steps == "own":  # real sentences: each to its own end, batched as fairseq batches them
+    limit, batch_type = (int(sys.argv[9]), "tokens") if sys.argv[9] != "-" else (batch, "examples")
+    options = dict(beam_size=4, max_decoding_length=201, max_batch_size=limit, batch_type=batch_type)
+    translator.translate_batch(words[:64], **options)  # warm-up
+    start = time.perf_counter()
+    results = translator.translate_batch(words, **options)
+    seconds = time.perf_counter() - start
+    with open(sys.argv[10], "w") as f:
+        f.writelines(" ".join(r.hypotheses[0]) + "\\n" for r in results)
+    print(len(words) / seconds)
+    sys.exit(0)
 options = dict(beam_size=4, min_decoding_length=int(steps), max_decoding_length=int(steps), return_end_token=True,
                use_vmap=sys.argv[8] == "vmap")
-batch = int(batch)
 translator.translate_batch(words[:batch], **options)  # warm-up
 start = time.perf_counter()
 futures = [f for i in range(0, len(words), batch)
@@ -148,10 +207,15 @@ print(len(words) / (time.perf_counter() - start))
 """
 
 
-def ct2_rate(args, work, compute_type, inter, intra, vmap=False):
+def ct2_rate(args, work, compute_type, inter, intra, vmap=False, hypotheses=None):
+    steps = "own" if args.data else str(args.len + 1)
     out = subprocess.run([sys.executable, "-c", CT2_RUN, f"{work}/ct2", compute_type, str(inter), str(intra),
-                          str(args.batch), str(args.len + 1), f"{work}/test.src", "vmap" if vmap else "-"],
+                          str(args.batch), steps, f"{work}/test.src", "vmap" if vmap else "-",
+                          str(args.max_tokens or "-"), f"{work}/ct2.out"],
                          capture_output=True, text=True, check=True)
+    if hypotheses is not None and args.data:
+        with open(f"{work}/ct2.out") as f:
+            hypotheses.update((str(i), line.rstrip("\n")) for i, line in enumerate(f))
     return float(out.stdout.strip().splitlines()[-1])
 
 
@@ -186,23 +250,27 @@ def summary(median, cores):
 
 
 def main(argv=None):
-    from fairseq_hardattn.tools.reporting import write_outputs
+    from hardattn_tools.reporting import write_outputs
 
     args = parse_args(argv)
-    from fairseq_hardattn.tools.scratch import scratch_folder
+    from hardattn_tools.scratch import scratch_folder
 
     work = str(scratch_folder("generate-cores-"))
-    older, _ = checkpoint_and_data(args, work)
-    from ctranslate2.converters import FairseqConverter
+    if args.data:
+        args.sentences = real_sentences(args, work)
+    else:
+        older, _ = checkpoint_and_data(args, work)
+        from ctranslate2.converters import FairseqConverter
 
-    FairseqConverter(older, f"{work}/bin", source_lang="src", target_lang="tgt").convert(f"{work}/ct2",
-                                                                                       force=True)
+        FairseqConverter(older, f"{work}/bin", source_lang="src", target_lang="tgt").convert(f"{work}/ct2",
+                                                                                           force=True)
     cores = args.cores
     engine, int8 = "{'decoding_engine': 'auto'}", "{'decoding_engine': 'auto', 'int8_decoding': True}"
+    best = {"engine": {}, "CT2": {}}  # (real sentences) each system's best hypotheses, by sentence id
     systems = {
         "fairseq's generator": lambda: generate_rate(args, work, "{'decoding_engine': 'fairseq'}"),
         "defaults (no override)": lambda: generate_rate(args, work),
-        "engine fp32": lambda: generate_rate(args, work, engine),
+        "engine fp32": lambda: generate_rate(args, work, engine, hypotheses=best["engine"]),
         "engine int8": lambda: generate_rate(args, work, int8),
         "engine fp32, 1 thread": lambda: generate_rate(args, work, engine, threads=1),
         "engine int8, 1 thread": lambda: generate_rate(args, work, int8, threads=1),
@@ -210,7 +278,8 @@ def main(argv=None):
     for ct in ("float32", "int8"):
         systems[f"CT2 {ct} intra {cores}"] = lambda ct=ct: ct2_rate(args, work, ct, 1, cores)
         systems[f"CT2 {ct} inter {cores} x intra 1"] = lambda ct=ct: ct2_rate(args, work, ct, cores, 1)
-        systems[f"CT2 {ct} 1 thread"] = lambda ct=ct: ct2_rate(args, work, ct, 1, 1)
+        systems[f"CT2 {ct} 1 thread"] = lambda ct=ct: ct2_rate(
+            args, work, ct, 1, 1, hypotheses=best["CT2"] if ct == "float32" else None)
     if args.bf16:  # bfloat16 Linear layers (CPUs with AMX or AVX512-BF16)
         bf16 = "{'decoding_engine': 'auto', 'bf16_decoding': True}"
         systems["engine bf16"] = lambda: generate_rate(args, work, bf16)
@@ -238,13 +307,19 @@ def main(argv=None):
     import ctranslate2
     import torch
 
-    lines = [f"dims={args.dims} len={args.len} sentences={args.sentences} batch={args.batch} vocab={args.vocab} "
+    where = (f"data={args.data} path={args.path} subset={args.subset} each to its own end "
+             if args.data else f"dims={args.dims} len={args.len} ")
+    lines = [f"{where}sentences={args.sentences} batch={args.max_tokens or args.batch}"
+             f"{' tokens' if args.max_tokens else ''} vocab={args.vocab} "
              f"cores={cores} text={args.text or 'random'} shortlist={args.shortlist or '-'} "
              f"shortlist_k={args.shortlist_k or 'all'} torch={torch.__version__} "
              f"ctranslate2={ctranslate2.__version__}", "",
              "| system | sent/s (median) | runs |", "|---|---|---|"]
     lines += [f"| {n} | {median[n]:.1f} | {', '.join(f'{x:.1f}' for x in rates[n])} |" for n in systems]
     lines += ["", *summary(median, cores)]
+    if best["engine"] and best["CT2"]:
+        same = sum(best["engine"].get(i) == text for i, text in best["CT2"].items())
+        lines.append(f"- the same best hypothesis (engine float32, CTranslate2 float32): {same} of {len(best['CT2'])}")
     write_outputs({"settings": vars(args), "rates": rates, "median": median}, "\n".join(lines),
                   args.json, args.markdown)
 

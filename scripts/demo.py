@@ -3,7 +3,7 @@
 
 With no data given, it writes a deterministic synthetic translation task in
 which attention matters (word-by-word translation with phrase reversal, see
-fairseq_hardattn/tools/synthetic.py), then, through fairseq's own command-line
+hardattn_tools/synthetic.py), then, through fairseq's own command-line
 tools with ``--user-dir fairseq_hardattn``:
 
 1. fairseq-preprocess the data;
@@ -114,7 +114,7 @@ def prepare_data(args, work):
                     sys.exit(f"demo: {raw}/{split}.{side} is missing")
         log(f"using the data in {raw}")
     else:
-        from fairseq_hardattn.tools import synthetic
+        from hardattn_tools import synthetic
 
         synthetic.write_task("reorder", str(raw), sizes=(12000, 300, 500), seed=1, max_len=MAX_LEN)
         log(f"wrote the synthetic reordering task to {raw} (12000/300/500 sentence pairs)")
@@ -150,7 +150,7 @@ def train_command(args, work, data_bin, arch):
 
 
 def translate(work, data_bin, checkpoint, raw, arch):
-    from fairseq_hardattn.tools.scoring import read_hypotheses, sacre_bleu
+    from hardattn_tools.scoring import read_hypotheses, sacre_bleu
 
     gen_path = work / f"{arch}.test.gen"
     run(tool("fairseq-generate") + [
@@ -201,7 +201,7 @@ def speeds(args, data_bin, checkpoints, scores, started, work):
     """Step 4: each model decoded with fairseq's generator and the plugin's
     engine, timed side by side; the table and what it means."""
     import torch
-    from fairseq_hardattn.tools import fixtures, timing
+    from hardattn_tools import fixtures, timing
 
     torch.set_num_threads(args.threads)
     task = fixtures.setup_translation_task(str(data_bin))

@@ -69,6 +69,19 @@ for cell in "${CELLS[@]}"; do
     && log "$(grep -E '^\| (soft_search|hard_search|topk2_search|soft_fairseq) ' "$OUT_DIR/$name.md" | cut -d'|' -f2,6 | tr '\n' ' ')" \
     || log "$name failed (bench.log)"
 done
+# the cells' records in one file, by cell name (results/ keeps few files)
+"$PYTHON" - "$OUT_DIR" <<'MERGE'
+import json, sys
+from pathlib import Path
+
+out = Path(sys.argv[1])
+cells = sorted(out.glob("speed_gpu_engine_*.json"))
+if cells:
+    (out / "speed.json").write_text(json.dumps({p.stem: json.loads(p.read_text()) for p in cells}, indent=1) + "\n")
+    for p in cells:
+        p.unlink()
+        p.with_suffix(".md").unlink(missing_ok=True)
+MERGE
 # bf16 on this machine's CPU where it has AMX (bf16_decoding; a GPU machine's host CPU
 # is often a Xeon with AMX): Transformer Base dims, one thread, against float32
 lscpu > "$OUT_DIR/lscpu.txt" 2>&1 || true

@@ -27,8 +27,8 @@ logging.getLogger("fairseq").setLevel(logging.WARNING)
 from fairseq import checkpoint_utils  # noqa: E402
 from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
 
-from fairseq_hardattn.tools.fixtures import setup_translation_task  # noqa: E402
-from fairseq_hardattn.tools.plotting import pyplot  # noqa: E402
+from hardattn_tools.fixtures import setup_translation_task  # noqa: E402
+from hardattn_tools.plotting import pyplot  # noqa: E402
 from fairseq_hardattn.modules import FlexibleAttention  # noqa: E402
 
 SUBLAYERS = {"cross": ("decoder", "encoder_attn"), "decoder-self": ("decoder", "self_attn"),

@@ -56,7 +56,7 @@ distilled() { [ "$1" = - ] || [ -f "$(corpus_dir "$1")/data-bin/.done" ]; }
 data_of() { if [ "$1" = - ]; then echo "$WORK_DIR/data-bin"; else echo "$(corpus_dir "$1")/data-bin"; fi; }
 distill() {
   log "$1: translating the training set (sequence-level distillation, $(corpus_dir "$1"))"
-  OMP_NUM_THREADS=$JOB_THREADS "$PYTHON" -m fairseq_hardattn.tools.distillation "$WORK_DIR/data-bin" \
+  OMP_NUM_THREADS=$JOB_THREADS "$PYTHON" -m hardattn_tools.distillation "$WORK_DIR/data-bin" \
     "$WORK_DIR/runs/$1/checkpoint_avg.pt" "$(corpus_dir "$1")" --beam "$BEAM" -- "${DEVICE_FLAGS[@]}" \
     || log "$1: distillation failed (see $(corpus_dir "$1"))"
 }

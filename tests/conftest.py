@@ -18,7 +18,7 @@ from fairseq.data import Dictionary
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 
 import fairseq_hardattn
-from fairseq_hardattn.tools import synthetic
+from hardattn_tools import synthetic
 
 torch.set_num_threads(1)
 

@@ -46,7 +46,7 @@ for run in "${RUNS[@]}"; do
   if [ ! -f "$VIEW/runs/$run/checkpoint_avg.pt" ]; then
     mkdir -p "$VIEW/runs/$run"
     log "$run: averaging the last $AVERAGE_LAST epoch checkpoints up to epoch $EPOCH"
-    "$PYTHON" -m fairseq_hardattn.tools.average_checkpoints --inputs "$LONG/runs/$run" \
+    "$PYTHON" -m hardattn_tools.average_checkpoints --inputs "$LONG/runs/$run" \
       --num-epoch-checkpoints "$AVERAGE_LAST" --checkpoint-upper-bound "$EPOCH" \
       --output "$VIEW/runs/$run/checkpoint_avg.pt.tmp"
     mv "$VIEW/runs/$run/checkpoint_avg.pt.tmp" "$VIEW/runs/$run/checkpoint_avg.pt"

@@ -27,7 +27,7 @@ log "$FILE: translating ${SUBSET:-test} (beam $BEAM${*:+, flags: $*})"
 fairseq-generate "$WORK_DIR/data-bin" --user-dir "$USER_DIR" --path "$CKPT" "${DEVICE_FLAGS[@]}" \
   --gen-subset "${SUBSET:-test}" --beam "$BEAM" --batch-size 128 --remove-bpe "$@" \
   > "$OUT/$FILE.gen" 2> "$OUT/$FILE.gen.log"
-"$PYTHON" -m fairseq_hardattn.tools.scoring "$OUT/$FILE.gen" --json \
+"$PYTHON" -m hardattn_tools.scoring "$OUT/$FILE.gen" --json \
   --tok-ref "$DATA_DIR/tok/$REF.de" \
   --raw-ref "$DATA_DIR/raw/$REF.de" --detok-lang de > "$OUT/$FILE.json.tmp"
 mv "$OUT/$FILE.json.tmp" "$OUT/$FILE.json"

@@ -5,7 +5,7 @@
 # Usage: train.sh WORK_DIR NAME ARCH [extra fairseq-train flags...]
 #   e.g. train.sh work soft transformer_soft_small
 #   DATA_BIN: the binarized data (default WORK_DIR/data-bin; e.g. a distilled
-#   corpus of fairseq_hardattn/tools/distillation.py)
+#   corpus of hardattn_tools/distillation.py)
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 WORK_DIR=${1:?usage: train.sh WORK_DIR NAME ARCH [flags...]}
@@ -22,6 +22,6 @@ fairseq-train "$DATA_BIN" --arch "$ARCH" "${TRAIN_FLAGS[@]}" \
   --save-dir "$RUN" --keep-last-epochs "$KEEP_EPOCHS" "$@" \
   >> "$RUN/train.log" 2>&1
 log "$NAME: averaging the last $AVERAGE_LAST epoch checkpoints"
-"$PYTHON" -m fairseq_hardattn.tools.average_checkpoints --inputs "$RUN" \
+"$PYTHON" -m hardattn_tools.average_checkpoints --inputs "$RUN" \
   --num-epoch-checkpoints "$AVERAGE_LAST" --output "$RUN/checkpoint_avg.pt" >> "$RUN/train.log" 2>&1
 log "$NAME: done ($RUN/checkpoint_avg.pt)"

@@ -105,10 +105,10 @@ def install_for_command_line():
     import fairseq_cli.interactive
 
     _wrap(fairseq_cli.interactive, "make_batches",
-          lambda make_batches: batches.read_ahead(batches.long_lines_skipped(
-              batches.cased_input_named(make_batches))))
+          lambda make_batches: batches.read_ahead(batches.cased_input_named(
+              batches.lines_kept_aligned(make_batches))))
     _wrap(fairseq_cli.generate, "_main", batches.shards_honoured)
-    _wrap(fairseq_cli.interactive, "main", batches.shards_refused)
+    _wrap(fairseq_cli.interactive, "main", batches.interactive_checked)
     command_line.quiet_fairseq_noise()
     if sys.excepthook is not report_error:
         sys.excepthook = report_error

@@ -9,11 +9,13 @@
   batch; so does ``batch_by_size`` (the same batching minus the drop; call
   sites look the function up on the module at call time).
 - fairseq-interactive's lines: a line longer than the model's source
-  positions ended the whole run ("Size of sample #0 is invalid");
-  ``long_lines_skipped`` names it and the run goes on. Cased lines for a
+  positions ended the whole run ("Size of sample #0 is invalid"), and an
+  empty line was translated as a sentence; ``lines_kept_aligned`` names the
+  long one and gives each an empty hypothesis, so that every input line has
+  its output. Cased lines for a
   model that learned from lowercased text are named in one warning
   (``cased_input_named``). Its batches can
-  be read ahead (``decoding.read_ahead``), so that the plugin's search
+  be read ahead (a class the engine registers, ``register_read_ahead``), so that the plugin's search
   decodes the next ones in worker processes meanwhile.
 - fairseq-generate's shards: it reads ``--num-shards`` / ``--shard-id`` and
   ignores them (every shard decoded the whole set), sharding by
@@ -28,6 +30,7 @@ import functools
 import sys
 
 import numpy
+import torch
 from fairseq.data import data_utils
 
 from ..errors import cased_input_warning
@@ -74,39 +77,70 @@ def _source_positions(max_positions):
     return max_positions
 
 
-def long_lines_skipped(make_batches):
-    """Wrap fairseq-interactive's ``make_batches``: a line longer than the
-    model's source positions ended the whole run ("Size of sample #0 is
-    invalid") and the lines after it were never translated. Such a line is
-    now named in one line on stderr and skipped; the run goes on."""
+def lines_kept_aligned(make_batches):
+    """Wrap fairseq-interactive's ``make_batches``: one output per input line.
+    A line longer than the model's source positions ended the whole run
+    ("Size of sample #0 is invalid") and the lines after it were never
+    translated; an empty line was translated as a sentence. Such a line is
+    now named in one warning (a long one) and given an empty hypothesis, as
+    the corpus command and the hub give it: its lines come last, in a batch
+    of end-of-sentence sources that ``empty_hypotheses`` answers without a
+    search; every other line is batched as fairseq batches it, its id kept."""
     lines_read = [0]  # across the calls of this run, for the line numbers
 
     @functools.wraps(make_batches)
     def batches(lines, cfg, task, max_positions, encode_fn):
         first_line, lines_read[0] = lines_read[0], lines_read[0] + len(lines)
         limit = _source_positions(max_positions)
-        if limit is not None:
-            _, lengths = task.get_interactive_tokens_and_lengths(lines, encode_fn)
-            too_long = [(i, n) for i, n in enumerate(lengths) if n > limit]
-            for i, n in too_long:
-                print(f"fairseq-hardattn: error: input line {first_line + i + 1} has {n} tokens, more "
-                      f"than the model's {limit} source positions: not translated", file=sys.stderr,
-                      flush=True)
-            if too_long and not cfg.dataset.skip_invalid_size_inputs_valid_test:
-                # fairseq's own filter drops them, keeping every other line's id
-                from omegaconf import open_dict
-
-                with open_dict(cfg):
-                    cfg.dataset.skip_invalid_size_inputs_valid_test = True
-                try:
-                    yield from make_batches(lines, cfg, task, max_positions, encode_fn)
-                finally:
-                    with open_dict(cfg):
-                        cfg.dataset.skip_invalid_size_inputs_valid_test = False
-                return
-        yield from make_batches(lines, cfg, task, max_positions, encode_fn)
+        _, lengths = task.get_interactive_tokens_and_lengths(lines, encode_fn)
+        for i, n in enumerate(lengths):
+            if lines[i] and limit is not None and n > limit:
+                print(f"fairseq-hardattn: warning: input line {first_line + i + 1} has {n} tokens, more "
+                      f"than the model's {limit} source positions: its hypothesis is empty",
+                      file=sys.stderr, flush=True)
+        kept = [i for i, n in enumerate(lengths) if lines[i] and (limit is None or n <= limit)]
+        if len(kept) == len(lines):
+            yield from make_batches(lines, cfg, task, max_positions, encode_fn)
+            return
+        ids = torch.tensor(kept, dtype=torch.long)
+        if kept:
+            for batch in make_batches([lines[i] for i in kept], cfg, task, max_positions, encode_fn):
+                yield batch._replace(ids=ids[batch.ids])
+        left_out = torch.tensor(sorted(set(range(len(lines))) - set(kept)), dtype=torch.long)
+        eos = task.source_dictionary.eos()
+        yield _batch_class()(
+            ids=left_out, src_tokens=torch.full((len(left_out), 1), eos, dtype=torch.long),
+            src_lengths=torch.ones(len(left_out), dtype=torch.long), constraints=None)
 
     return batches
+
+
+def _batch_class():
+    from fairseq_cli.interactive import Batch
+
+    return Batch
+
+
+def _only_end_of_sentence(sample, eos) -> bool:
+    tokens = sample["net_input"]["src_tokens"]
+    return tokens.size(1) == 1 and bool((tokens == eos).all())
+
+
+def empty_hypotheses(inference_step):
+    """Wrap ``FairseqTask.inference_step`` while fairseq-interactive runs: a
+    batch whose every source is only the end of sentence (the lines
+    ``lines_kept_aligned`` leaves out) gets one empty hypothesis a line."""
+
+    @functools.wraps(inference_step)
+    def step(self, generator, models, sample, *args, **kwargs):
+        if not _only_end_of_sentence(sample, self.source_dictionary.eos()):
+            return inference_step(self, generator, models, sample, *args, **kwargs)
+        empty = torch.empty(0, dtype=torch.long)
+        return [[{"tokens": empty, "score": 0.0, "attention": None, "alignment": [],
+                  "positional_scores": torch.empty(0)}]
+                for _ in range(sample["net_input"]["src_tokens"].size(0))]
+
+    return step
 
 
 def cased_input_named(make_batches):
@@ -131,17 +165,29 @@ def cased_input_named(make_batches):
     return batches
 
 
+# fairseq-interactive's batches as the plugin's engine reads them ahead: a
+# class the engine registers when it is imported (``register_read_ahead``);
+# until then the batches are fairseq's
+_read_ahead_batches = None
+
+
+def register_read_ahead(batches_class):
+    """``batches_class(batches, first_line)`` wraps fairseq-interactive's
+    batches of the lines from ``first_line`` on, so that they can be read ahead."""
+    global _read_ahead_batches
+    _read_ahead_batches = batches_class
+
+
 def read_ahead(make_batches):
     """fairseq-interactive's batches, able to read ahead (``workers``)."""
-
-    from ..decoding.read_ahead import InteractiveBatches
 
     lines_read = [0]  # across the calls of this run: the batches' line numbers
 
     @functools.wraps(make_batches)
     def batches(lines, *args, **kwargs):
         first_line, lines_read[0] = lines_read[0], lines_read[0] + len(lines)
-        return InteractiveBatches(make_batches(lines, *args, **kwargs), first_line)
+        made = make_batches(lines, *args, **kwargs)
+        return made if _read_ahead_batches is None else _read_ahead_batches(made, first_line)
 
     return batches
 
@@ -180,18 +226,27 @@ def shards_honoured(generate_main):
     return main
 
 
-def shards_refused(interactive_main):
+def interactive_checked(interactive_main):
     """Wrap fairseq-interactive's ``main(cfg)``: it translates its whole
     input, so ``--num-shards`` and ``--shard-id`` (which fairseq's own reads
-    and ignores) stop in one line naming the commands that shard."""
+    and ignores) stop in one line naming the commands that shard; the lines
+    it leaves out get empty hypotheses (``empty_hypotheses``) while it runs."""
 
     @functools.wraps(interactive_main)
     def main(cfg):
+        from fairseq.tasks import fairseq_task
+
         from ..errors import ConfigError
 
         if cfg.dataset.num_shards != 1 or cfg.dataset.shard_id != 0:
             raise ConfigError("fairseq-interactive translates its whole input: --num-shards and --shard-id "
                               "shard fairseq-generate and python -m fairseq_hardattn translate")
-        return interactive_main(cfg)
+        task_class = fairseq_task.FairseqTask
+        original = task_class.inference_step
+        task_class.inference_step = empty_hypotheses(original)
+        try:
+            return interactive_main(cfg)
+        finally:
+            task_class.inference_step = original
 
     return main

@@ -40,7 +40,7 @@ handling).
 - Every process the command forks (its decoding workers, fairseq's data
   loader workers) dies with it, however it ends, SIGKILL included (Linux's
   parent death signal, or a watch of the parent:
-  ``decoding.workers.die_with_parent``); PyTorch's data loader workers
+  ``die_with_parent``); PyTorch's data loader workers
   otherwise noticed a dead parent after up to 5 s.
 - Nothing is left in the temporary folder. fairseq's data loader workers
   (persistent) live until the command ends, when multiprocessing stops them
@@ -64,6 +64,7 @@ import shutil
 import signal
 import sys
 import threading
+import time
 import warnings
 
 from ..errors import report_error
@@ -176,9 +177,45 @@ def _before_fork():
 
 
 def _after_fork_in_child():
-    from ..decoding.workers import die_with_parent
-
     die_with_parent(*_forked_by)
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_dies_with_parent = None  # the process that asked (a fork hook and a worker's loop both may)
+
+
+def die_with_parent(parent_pid, forked_by_the_main_thread=True):
+    """In a forked process: end when the process that forked it ends, however
+    that ends (SIGKILL included). Linux's parent death signal comes when the
+    forking *thread* ends, so only a child of the main thread (which lives as
+    long as its process) asks for it; a child of another thread watches its
+    parent instead (``PARENT_WATCH_SECONDS``)."""
+    global _dies_with_parent
+    if _dies_with_parent == os.getpid():
+        return
+    _dies_with_parent = os.getpid()
+    if forked_by_the_main_thread:
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            forked_by_the_main_thread = False
+    if os.getppid() != parent_pid:  # the parent ended before the death signal was set
+        os._exit(0)
+    if not forked_by_the_main_thread:
+        threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True,
+                         name="fairseq-hardattn parent watch").start()
+
+
+PARENT_WATCH_SECONDS = 0.2
+
+
+def _watch_parent(parent_pid):
+    while os.getppid() == parent_pid:
+        time.sleep(PARENT_WATCH_SECONDS)
+    os._exit(0)
 
 
 def install_endings():
@@ -290,17 +327,16 @@ def _add_decoding_options_help(parser):
     """A group after fairseq's "Generation" options that lists the plugin's
     decoding settings, shown as the ``--model-overrides`` keys they are (not
     options of this command: the command would refuse them)."""
-    from ..models.decoding_options import DECODING_OPTIONS
-
+    model_class = model_class_named(FAIRSEQ_TRANSFORMER_AS)
     every = argparse.ArgumentParser(add_help=False)
-    model_class_named(FAIRSEQ_TRANSFORMER_AS).add_args(every)
+    model_class.add_args(every)
     actions = {action.dest: action for action in every._actions}
     group = parser.add_argument_group(
         "fairseq-hardattn decoding (with the plugin loaded)",
         "settings of the plugin's models, given as --model-overrides keys, e.g. "
         "--model-overrides \"{'decoding_workers': 1, 'int8_decoding': True}\" (the hub: keywords "
         "of from_pretrained)")
-    for dest in DECODING_OPTIONS:
+    for dest in model_class.decoding_options:
         action = actions[dest]
         metavar = "True" if action.nargs == 0 else action.metavar
         group._add_action(argparse._StoreAction([f"'{dest}':"], dest=f"_help_{dest}", metavar=metavar,

@@ -10,7 +10,9 @@ first-contact mistakes stopped in one line.
   whatever it is given, so bytes became one translation per byte, a None in
   a list was translated as a sentence, and None or a number failed with a
   bare ``'NoneType' object is not iterable``; here anything else is a
-  ``TypeError`` naming what was passed.
+  ``TypeError`` naming what was passed. An empty sentence (or one of
+  spaces) gives an empty translation, as in the corpus command and
+  fairseq-interactive (fairseq translated the end of sentence alone).
 - ``generate`` builds its generator once for a set of options (fairseq
   deep-copies its generation options and builds a generator on every call)
   and decodes a single sentence as one batch made directly (fairseq builds
@@ -115,11 +117,26 @@ class CheckedHub(hub_utils.GeneratorHubInterface):
             return super().binarize(sentence)
         return _looked_up_at_once(self.src_dict, sentence, add_if_not_exist=False).long()
 
-    def translate(self, sentences, *args, **kwargs):
-        return super().translate(self._case_checked(_sentences_checked("translate", sentences)), *args, **kwargs)
+    def translate(self, sentences, beam: int = 5, verbose: bool = False, **kwargs):
+        return self._sample("translate", sentences, beam, verbose, **kwargs)
 
-    def sample(self, sentences, *args, **kwargs):
-        return super().sample(self._case_checked(_sentences_checked("sample", sentences)), *args, **kwargs)
+    def sample(self, sentences, beam: int = 1, verbose: bool = False, **kwargs):
+        return self._sample("sample", sentences, beam, verbose, **kwargs)
+
+    def _sample(self, method, sentences, beam, verbose, **kwargs):
+        """fairseq's ``sample``, where an empty sentence (or one of spaces)
+        gives an empty translation, as in the corpus command and
+        fairseq-interactive, instead of a translation of the end of sentence."""
+        sentences = self._case_checked(_sentences_checked(method, sentences))
+        if isinstance(sentences, str):
+            return self._sample(method, [sentences], beam, verbose, **kwargs)[0]
+        given = [i for i, sentence in enumerate(sentences) if sentence.strip()]
+        texts = [""] * len(sentences)
+        if given:
+            translated = super().sample([sentences[i] for i in given], beam, verbose, **kwargs)
+            for i, text in zip(given, translated):
+                texts[i] = text
+        return texts
 
     # generators kept, by the options that built them
     KEPT_GENERATORS = 8

@@ -17,6 +17,7 @@ chunk. fairseq's options that this command does not read are refused
 
 import argparse
 import ast
+import contextlib
 import hashlib
 import itertools
 import logging
@@ -38,6 +39,7 @@ logger = logging.getLogger("fairseq_hardattn.corpus")
 
 DEFAULT_BUFFER_LINES = 5000
 DEFAULT_MAX_TOKENS = 12000  # fairseq-generate's
+SHORTEST_LINE_TOKENS = 2  # a line of one word and its end of sentence
 # fairseq-interactive's options that print what this command does not write
 NOT_WRITTEN = (("nbest", lambda v: v > 1, "--nbest above 1 (it writes one translation per line)"),
                ("print_alignment", bool, "--print-alignment (it writes translations only)"),
@@ -99,7 +101,10 @@ def build_parser():
                        help="without a terminal (or with --no-progress-bar), a progress line every S seconds")
     for action in unread_actions(parser):
         action.help = argparse.SUPPRESS
-    helps = {"quiet": "no progress bar or progress lines",
+    helps = {"input": "the text to translate, one sentence per line: a file (the command resumes from "
+                      "the parts it committed, so standard input is not read)",
+             "path": "the checkpoint(s) to translate with (required)",
+             "quiet": "no progress bar or progress lines",
              "num_shards": "split the input's buffers into N shards, each decoded by its own command "
                            "(--shard-id): machines started by hand, a job array",
              "shard_id": "the shard this command decodes; the last shard to finish writes --output"}
@@ -157,6 +162,8 @@ def parse(argv):
     parser = build_parser()
     refuse_unread(parser, argv)
     args = options.parse_args_and_arch(parser, input_args=argv)
+    if not args.path:
+        raise ConfigError("--path CHECKPOINT is required: the model to translate with")
     if not args.output:
         raise ConfigError("--output FILE is required: where the translations go")
     if args.input in (None, "-"):
@@ -173,6 +180,9 @@ def parse(argv):
         args.buffer_size = DEFAULT_BUFFER_LINES
     if args.max_tokens is None and args.batch_size is None:
         args.max_tokens = DEFAULT_MAX_TOKENS
+    if args.max_tokens is not None and args.max_tokens < SHORTEST_LINE_TOKENS:
+        raise ConfigError(f"--max-tokens {args.max_tokens} fits no line (the shortest takes "
+                          f"{SHORTEST_LINE_TOKENS} tokens: a word and the end of sentence)")
     return args, convert_namespace_to_omegaconf(args)
 
 
@@ -244,6 +254,14 @@ class Progress:
         left = (self.total - self.done) / rate if rate > 0 else float("inf")
         eta = "" if math.isinf(left) else f", {time.strftime('%H:%M:%S', time.gmtime(left))} left"
         return f"{self.label}: {self.done:,} of {self.total:,} lines ({rate:.1f} lines/s{eta})"
+
+    def logging(self):
+        """Log records written above the bar on a terminal (else as they are)."""
+        if self.bar is None:
+            return contextlib.nullcontext()
+        from tqdm.contrib.logging import logging_redirect_tqdm
+
+        return logging_redirect_tqdm()
 
     def close(self):
         if self.bar is not None:
@@ -423,11 +441,21 @@ class Translator:
 def run(args, cfg):
     rank, world, label = rank_and_world(args)
     parts = Parts(Path(args.output))
-    parts.start(command_identity(args, cfg), rank, args.overwrite)
+    identity = command_identity(args, cfg)
     total = input_lines.count_lines(args.input)
+    if not args.overwrite and parts.made_by(identity):
+        print(f"fairseq-hardattn: {args.output} is complete (this command made it): nothing to do",
+              file=sys.stderr, flush=True)
+        return
+    parts.check(identity, args.overwrite)
     chunk_lines = args.buffer_size
     chunks = -(-total // chunk_lines)
     mine = [index for index in range(chunks) if index % world == rank]
+    # the models and the generator first: a command refused by their checks writes nothing
+    translator = None
+    if not args.merge and (args.overwrite or any(not parts.done(index) for index in mine)):
+        translator = Translator(cfg)
+    parts.start(identity, rank, args.overwrite)
     if args.merge:
         missing = parts.missing(chunks)
         if missing:
@@ -443,18 +471,19 @@ def run(args, cfg):
                         math.inf if args.quiet else args.progress_seconds,
                         not (args.no_progress_bar or args.quiet), label)
     if todo:
-        translator = Translator(cfg)
+        translator = translator or Translator(cfg)
         batches = CorpusBatches(input_lines.chunks(args.input, chunk_lines, todo.__contains__),
                                 lambda index, first, lines: translator.prepare(index, first, lines, args.input))
-        for sample in itertools.chain(batches, [None]):  # (None: chunks with nothing to decode, read last)
-            if sample is not None:
-                texts = translator.texts(sample, translator.translate(sample))
-                for line, text in zip(sample["id"].tolist(), texts):
-                    batches.opened[line // chunk_lines].fill(line, text)
-            for done in [chunk for chunk in batches.opened.values() if chunk.remaining == 0]:
-                parts.commit(done.index, done.texts)
-                del batches.opened[done.index]
-                progress.update(len(done.texts))
+        with progress.logging():
+            for sample in itertools.chain(batches, [None]):  # (None: chunks with nothing to decode, read last)
+                if sample is not None:
+                    texts = translator.texts(sample, translator.translate(sample))
+                    for line, text in zip(sample["id"].tolist(), texts):
+                        batches.opened[line // chunk_lines].fill(line, text)
+                for done in [chunk for chunk in batches.opened.values() if chunk.remaining == 0]:
+                    parts.commit(done.index, done.texts)
+                    del batches.opened[done.index]
+                    progress.update(len(done.texts))
     progress.close()
     if parts.missing(chunks):
         print(f"fairseq-hardattn: {label}: done; {args.output} is assembled when the others are done "
@@ -467,7 +496,10 @@ def main(argv=None):
     from .. import compat
 
     compat.install_for_command_line()  # one-line errors, signals, fairseq's fixes
-    logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
-                        level=os.environ.get("LOGLEVEL", "INFO").upper(), stream=sys.stderr)
+    level = os.environ.get("LOGLEVEL", "INFO").upper()
+    logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=level,
+                        stream=sys.stderr)
+    if level != "DEBUG":  # fairseq's lines about each buffer's batch iterator
+        logging.getLogger("fairseq.tasks.fairseq_task").setLevel(logging.WARNING)
     args, cfg = parse(sys.argv[1:] if argv is None else argv)
     run(args, cfg)

@@ -8,7 +8,8 @@ that goes down) leaves every chunk either done or absent, and the command
 run again decodes the absent ones only. When every chunk is done, one
 process (the one that takes ``MERGING``) writes them, in order, to a
 temporary file beside the output, flushes it and renames it to the output:
-the output is whole or absent. Processes on several machines (a launcher's
+the output is whole or absent, and the manifest is kept beside it
+(``.OUTPUT.command.json``): the same command run again finds it complete. Processes on several machines (a launcher's
 ranks) share the folder; each writes its own chunks.
 """
 
@@ -56,6 +57,8 @@ class Parts:
     def __init__(self, output: Path):
         self.output = Path(output)
         self.folder = self.output.with_name(self.output.name + ".parts")
+        # the command that assembled the output (its manifest, kept): a rerun is complete
+        self.record = self.output.with_name(f".{self.output.name}.command.json")
 
     def chunk(self, index: int) -> Path:
         return self.folder / f"chunk-{index:09d}.txt"
@@ -67,13 +70,34 @@ class Parts:
         """Chunk ``index``'s output lines, done."""
         write_whole(self.chunk(index), lines)
 
+    def made_by(self, command: Dict) -> bool:
+        """Whether the output is there, assembled by ``command`` (its record)."""
+        try:
+            return self.output.exists() and json.loads(self.record.read_text()) == command
+        except (FileNotFoundError, ValueError):
+            return False
+
+    def check(self, command: Dict, overwrite: bool):
+        """Refuse (writing nothing) an output already there, or a folder of
+        another command's parts, unless ``overwrite``."""
+        if overwrite:
+            return
+        if self.output.exists() and not self.folder.exists():
+            raise ConfigError(f"{self.output} exists, made by another command or by none "
+                              f"(--overwrite to replace it)")
+        found = self._manifest()
+        if found is not None and found != command:
+            differs = sorted(key for key in set(command) | set(found) if found.get(key) != command.get(key))
+            raise ConfigError(f"{self.folder} holds the parts of another command (it differs in "
+                              f"{', '.join(differs)}): run that command again to finish it, or "
+                              f"--overwrite to start this one")
+
     def start(self, command: Dict, rank: int, overwrite: bool):
         """Make sure the parts are this ``command``'s (a JSON-able description
         of what decides the output): a folder of another command's, or an
         output already there, is refused unless ``overwrite``, where rank 0
         clears them and the others wait for its manifest."""
-        if self.output.exists() and not self.folder.exists() and not overwrite:
-            raise ConfigError(f"{self.output} exists (--overwrite to replace it)")
+        self.check(command, overwrite)
         if rank == 0 or not overwrite:
             if overwrite and (self.output.exists() or self._manifest() not in (None, command)):
                 self.clear()
@@ -88,12 +112,8 @@ class Parts:
                                       f"within {WAIT_FOR_RANK_0_SECONDS} s (--overwrite)")
                 time.sleep(1)
                 found = self._manifest()
-        if found != command:
-            differs = sorted(key for key in set(command) | set(found or {})
-                             if (found or {}).get(key) != command.get(key))
-            raise ConfigError(f"{self.folder} holds the parts of another command (it differs in "
-                              f"{', '.join(differs)}): run that command again to finish it, or "
-                              f"--overwrite to start this one")
+        if found != command:  # (another process claimed the folder meanwhile)
+            self.check(command, overwrite=False)
 
     def _manifest(self) -> Optional[Dict]:
         try:
@@ -119,8 +139,9 @@ class Parts:
     def clear(self):
         """Remove the parts and the output."""
         shutil.rmtree(self.folder, ignore_errors=True)
-        if self.output.exists():
-            self.output.unlink()
+        for path in (self.output, self.record):
+            if path.exists():
+                path.unlink()
 
     def missing(self, chunks: int) -> List[int]:
         return [index for index in range(chunks) if not self.done(index)]
@@ -145,6 +166,7 @@ class Parts:
                     shutil.copyfileobj(part, out)
             out.flush()
             os.fsync(out.fileno())
+        os.replace(self.folder / MANIFEST, self.record)
         os.replace(temporary, self.output)
         _fsync_folder(self.output.parent)
         shutil.rmtree(self.folder, ignore_errors=True)

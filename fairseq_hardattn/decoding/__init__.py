@@ -22,6 +22,7 @@ import) runs a decoder's fixed-shape step and prepares a model for decoding.
 import logging
 
 from .. import kernels
+from ..compat import batches as fairseq_batches
 from ..errors import ConfigError
 from ..modules import decoding_step
 from . import engines, fixed_shape_step, read_ahead
@@ -32,6 +33,9 @@ from .shortlist import Shortlist
 from .workers import import_what_the_first_batch_imports
 
 logger = logging.getLogger(__name__)
+
+# fairseq-interactive's batches, read ahead for the workers in a command run with the plugin
+fairseq_batches.register_read_ahead(read_ahead.InteractiveBatches)
 
 
 def engine_of(model):

@@ -171,4 +171,6 @@ class InteractiveBatches:
                 break
         return [{"net_input": {"src_tokens": b.src_tokens, "src_lengths": b.src_lengths},
                  "id": b.ids + self._first_line}
-                for b in list(self._ahead)[:n] if getattr(b, "constraints", None) is None]
+                for b in list(self._ahead)[:n]
+                # (lines of no source token besides the end of sentence are not decoded)
+                if getattr(b, "constraints", None) is None and b.src_tokens.size(1) > 1]

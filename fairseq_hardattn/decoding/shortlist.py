@@ -9,7 +9,7 @@ The table is CTranslate2's vocabulary map (``vmap.txt``): a line per source
 token, ``TOKEN<TAB>CANDIDATE CANDIDATE ...`` (best first), and a line with an
 empty key for the tokens every sentence may produce; ``python -m
 fairseq_hardattn shortlist`` makes one from a binarized training set
-(``tools/shortlist_table.py``), and CTranslate2 reads the same file
+(``fairseq_hardattn/shortlist_table.py``), and CTranslate2 reads the same file
 (``use_vmap``). A sentence's candidates are its batch's: its translation may
 differ in another batch, as with CTranslate2's map.
 """

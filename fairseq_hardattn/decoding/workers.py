@@ -60,12 +60,12 @@ import pickle
 import signal
 import sys
 import threading
-import time
 import weakref
 from typing import Dict, List, Optional
 
 import torch
 
+from ..compat.command_line import die_with_parent
 from ..models.decoding_options import AUTO
 from .packed_linear import packed_linears
 from .read_ahead import batches_after, source_tokens, with_ids
@@ -186,44 +186,6 @@ class WorkerDied(RuntimeError):
 # workers' pipes (closed in the worker: a worker holding another's pipe would
 # keep that one waiting after this process is gone)
 _forking = None
-
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
-_dies_with_parent = None  # the process that asked (a fork hook and a worker's loop both may)
-
-
-def die_with_parent(parent_pid, forked_by_the_main_thread=True):
-    """In a forked process: end when the process that forked it ends, however
-    that ends (SIGKILL included). Linux's parent death signal comes when the
-    forking *thread* ends, so only a child of the main thread (which lives as
-    long as its process) asks for it; a child of another thread watches its
-    parent instead (``PARENT_WATCH_SECONDS``)."""
-    global _dies_with_parent
-    if _dies_with_parent == os.getpid():
-        return
-    _dies_with_parent = os.getpid()
-    if forked_by_the_main_thread:
-        try:
-            import ctypes
-
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        except (OSError, AttributeError):
-            forked_by_the_main_thread = False
-    if os.getppid() != parent_pid:  # the parent ended before the death signal was set
-        os._exit(0)
-    if not forked_by_the_main_thread:
-        threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True,
-                         name="fairseq-hardattn parent watch").start()
-
-
-PARENT_WATCH_SECONDS = 0.2
-
-
-def _watch_parent(parent_pid):
-    while os.getppid() == parent_pid:
-        time.sleep(PARENT_WATCH_SECONDS)
-    os._exit(0)
-
 
 def _tensor_by_value(tensor):
     """A CPU tensor pickled as the numbers it holds (a view: its own elements

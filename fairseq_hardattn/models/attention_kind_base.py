@@ -45,7 +45,7 @@ from ..errors import ClearCheckpointErrors, ConfigError, check_joined_dictionary
 from ..compat.checkpoints import plain_args
 from ..modules import ATTENTION_KINDS, HardRetrievalAttention, TopKAttention, decoding_step
 from ..modules.hard_retrieval_attention import TRAIN_RETRIEVALS
-from .decoding_options import ENGINES, check_engine, check_workers
+from .decoding_options import DECODING_OPTIONS, ENGINES, check_engine, check_workers
 
 logger = logging.getLogger(__name__)
 
@@ -269,6 +269,9 @@ class AttentionKindTransformerModel(ClearCheckpointErrors, TransformerModel):
     full_context_alignment = True
     # options of sublayers a family replaces -> why; its presets set REPLACED
     replaced_sublayers = {}
+    # the options a checkpoint may be decoded with other than it was trained
+    # (fairseq's decoding commands list them in --help)
+    decoding_options = DECODING_OPTIONS
 
     @classmethod
     def kind_choices(cls):

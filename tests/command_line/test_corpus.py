@@ -124,7 +124,9 @@ def test_killed_at_random_moments_and_run_again_the_output_of_a_run_never_stoppe
     translate(reorder_data, soft, source, output, *options)
     assert output.read_bytes() == (tmp_path / "whole.txt").read_bytes()
     assert not (tmp_path / "resumed.txt.parts").exists()
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary file left
+    # no temporary file left; each output's record of the command that made it
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == [
+        ".resumed.txt.command.json", ".whole.txt.command.json"]
 
 
 def test_two_torchrun_ranks_give_one_processs_output(trained_checkpoints, reorder_data, sources, tmp_path):
@@ -189,7 +191,8 @@ def test_another_commands_output_is_refused_unless_overwrite(trained_checkpoints
     source.write_text("\n".join(sources) + "\n")
     output = tmp_path / "out.txt"
     translate(reorder_data, soft, source, output, "--buffer-size", 5)
-    one_error_line(translate(reorder_data, soft, source, output, check=False), f"{output} exists (--overwrite")
+    one_error_line(translate(reorder_data, soft, source, output, "--max-len-b", 3, check=False),
+                   f"{output} exists, made by another command or by none (--overwrite")
     output.unlink()
     (tmp_path / "out.txt.parts").mkdir()
     translate(reorder_data, soft, source, output, "--buffer-size", 5, "--max-len-b", 3, "--overwrite")
@@ -229,6 +232,7 @@ def test_a_finished_run_ends_with_its_exit_functions_and_streams_done(trained_ch
     (["--input", "missing.txt", "--output", "out.txt"], "--input missing.txt: no such readable file"),
     (["--input", "in.txt", "--output", "no/such/folder/out.txt"], "the folder"),
     (["--input", "in.txt"], "--output FILE is required"),
+    (["--input", "in.txt", "--output", "out.txt", "--max-tokens", "1"], "--max-tokens 1 fits no line"),
     (["--input", "in.txt", "--output", "out.txt", "--nbest", "2"], "does not take --nbest above 1"),
     (["--input", "in.txt", "--output", "out.txt", "--print-alignment"], "does not take --print-alignment"),
     (["--input", "in.txt", "--output", "out.txt", "--results-path", "r"], "does not read --results-path (the "),
@@ -250,3 +254,52 @@ def test_help_names_the_corpus_options():
     assert proc.returncode == 0 and "--output FILE" in proc.stdout and "--overwrite" in proc.stdout
     assert "--sampling-topk" in proc.stdout  # fairseq-interactive's own options
     assert "--num-shards" in proc.stdout and "--results-path" not in proc.stdout and "--save-dir" not in proc.stdout
+    assert "use - for stdin" not in proc.stdout and "standard input is not read" in proc.stdout
+
+
+def test_a_refused_command_writes_nothing_and_its_correction_runs(trained_checkpoints, reorder_data, sources,
+                                                                 tmp_path):
+    source, output = tmp_path / "in.txt", tmp_path / "out.txt"
+    source.write_text("\n".join(sources[:4]) + "\n")
+    no_dictionaries = tmp_path / "empty-bin"
+    no_dictionaries.mkdir()
+    for data, extra in ((reorder_data, ["--beam", "0"]), (no_dictionaries, [])):
+        proc = translate(data, trained_checkpoints["soft"], source, output, *extra, check=False)
+        assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["empty-bin", "in.txt"]
+    translate(reorder_data, trained_checkpoints["soft"], source, output)
+    assert len(output.read_text().splitlines()) == 4
+
+
+def test_without_path_one_line(reorder_data, tmp_path):
+    (tmp_path / "in.txt").write_text("s1 s2\n")
+    proc = ForkServer.run("-m fairseq_hardattn", ["translate", reorder_data, "--input", "in.txt", "--output",
+                                                  "out.txt"], tmp_path, None, 120)
+    one_error_line(proc, "--path CHECKPOINT is required")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
+
+
+def test_a_finished_job_run_again_is_complete(trained_checkpoints, reorder_data, sources, tmp_path):
+    """A scheduler's rerun of a job done: exit 0, the output untouched."""
+    source, output = tmp_path / "in.txt", tmp_path / "out.txt"
+    source.write_text("\n".join(sources[:6]) + "\n")
+    translate(reorder_data, trained_checkpoints["soft"], source, output, "--buffer-size", 4)
+    made, when = output.read_bytes(), output.stat().st_mtime_ns
+    again = translate(reorder_data, trained_checkpoints["soft"], source, output, "--buffer-size", 4,
+                      "--quiet")
+    assert f"{output} is complete (this command made it): nothing to do" in again.stderr
+    assert output.read_bytes() == made and output.stat().st_mtime_ns == when
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.txt.command.json", "in.txt", "out.txt"]
+    translate(reorder_data, trained_checkpoints["soft"], source, output, "--buffer-size", 4, "--max-len-b", 3,
+              "--overwrite")
+    assert output.read_bytes() != made or len(made.splitlines()) == 6
+
+
+def test_fairseqs_lines_about_each_buffer_stay_out_of_the_progress(trained_checkpoints, reorder_data, sources,
+                                                                  tmp_path):
+    source = tmp_path / "in.txt"
+    source.write_text("\n".join(sources[:9]) + "\n")
+    proc = translate(reorder_data, trained_checkpoints["soft"], source, tmp_path / "out.txt", "--buffer-size", 3,
+                     "--progress-seconds", 0)
+    assert "can_reuse_epoch_itr" not in proc.stderr and "EpochBatchIterator" not in proc.stderr
+    assert "translate: 9 of 9 lines (" in proc.stderr

@@ -262,12 +262,40 @@ def test_the_hubs_kept_generators_decode_as_fairseqs_hub_does(trained_checkpoint
 
 
 def test_a_line_too_long_for_the_model_is_named_and_the_session_goes_on(trained_checkpoints, reorder_data):
-    lines = ["s1 s2", "s4 s5", "s3 " * 1100, "s7 s8"]
+    lines = ["s1 s2", "s4 s5", "s3 " * 1100, "s7 s8", "", "s9"]
     proc = interactive(reorder_data, trained_checkpoints["hard"], lines, "--buffer-size", 2)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    assert ("fairseq-hardattn: error: input line 3 has 1101 tokens, more than the model's 1024 "
-            "source positions: not translated") in proc.stderr
-    assert sorted(map(int, hypotheses(proc.stdout))) == [0, 1, 3]
+    assert ("fairseq-hardattn: warning: input line 3 has 1101 tokens, more than the model's 1024 "
+            "source positions: its hypothesis is empty") in proc.stderr
+    assert "error" not in proc.stderr.lower()
+    # one H line per input line, in order; the long line's and the empty line's are empty
+    assert list(map(int, hypotheses(proc.stdout))) == list(range(len(lines)))
+    texts = dict(re.findall(r"^H-(\d+)\t\S+\t(.*)$", proc.stdout, flags=re.M))
+    assert texts["2"] == "" and texts["4"] == "" and all(texts[i] for i in ("0", "1", "3", "5"))
+    alone = interactive(reorder_data, trained_checkpoints["hard"], ["s7 s8"])
+    assert re.findall(r"^H-0\t\S+\t(.*)$", alone.stdout, flags=re.M) == [texts["3"]]
+
+
+def test_an_empty_sentence_is_an_empty_translation_through_the_hub(trained_checkpoints, reorder_data):
+    hard = trained_checkpoints["hard"]
+    hub = fairseq_hardattn.from_pretrained(str(hard.parent), checkpoint_file=hard.name,
+                                           data_name_or_path=str(reorder_data), user_dir=USER_DIR,
+                                           source_lang="src", target_lang="tgt")
+    assert hub.translate("") == "" and hub.translate("   ") == "" and hub.sample([""]) == [""]
+    both = hub.translate(["s1 s2", "", "s4 s5"], beam=2, max_len_b=MAX_LEN_B)
+    assert both[1] == "" and both[0] and both[2]
+    assert both[0] == hub.translate("s1 s2", beam=2, max_len_b=MAX_LEN_B)
+    assert both[2] == hub.translate("s4 s5", beam=2, max_len_b=MAX_LEN_B)
+
+
+def test_the_plugins_own_help_is_quick_to_come(tmp_path):
+    """``python -m fairseq_hardattn --help`` and the plugin's path import neither torch nor fairseq."""
+    for args in (["--help"], []):
+        proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "fairseq_hardattn", *args],
+                              env=tool_env(), capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0 and proc.stdout.strip(), proc.stderr[-2000:]
+        imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if "|" in line}
+        assert "torch" not in imported and "fairseq" not in imported and "fairseq_hardattn" in imported
 
 
 @pytest.mark.parametrize("args, expected", [

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import (BIN_DIR, USER_DIR, ForkServer, preprocess, tool_env, train)
-from fairseq_hardattn.tools import synthetic
+from hardattn_tools import synthetic
 
 pytestmark = pytest.mark.xdist_group("signals")
 

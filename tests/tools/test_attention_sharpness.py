@@ -9,11 +9,11 @@ import pytest
 from fairseq.data import Dictionary, data_utils
 
 from conftest import TINY_DIMS, tool_env
-from fairseq_hardattn.tools.attention_sharpness import sharpness
+from hardattn_tools.attention_sharpness import sharpness
 
 
 def sharpness_cli(*args):
-    return subprocess.run([sys.executable, "-m", "fairseq_hardattn.tools.attention_sharpness",
+    return subprocess.run([sys.executable, "-m", "hardattn_tools.attention_sharpness",
                            *map(str, args)], env=tool_env(), capture_output=True, text=True,
                           timeout=600)
 
@@ -42,7 +42,8 @@ def test_every_hard_head_is_measured_on_every_real_target_position(reorder_data,
     proc = sharpness_cli(reorder_data, trained_checkpoints["hard"], "--json", tmp_path / "s.json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs = json.loads((tmp_path / "s.json").read_text())
-    assert list(runs) == ["hard"]  # named by the checkpoint's folder
+    assert list(runs) == ["hard", "provenance"]  # named by the checkpoint's folder; where it was measured
+    assert runs["provenance"]["commit"] and runs["provenance"]["cpu"]
     written = runs["hard"]
     assert written["all_hard_heads_argmax_mass"] == pytest.approx(
         sum(n["argmax_mass"] for n in measured.values()) / len(measured), abs=1e-3)  # equal rows

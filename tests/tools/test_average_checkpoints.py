@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import REPO, TRAIN_FLAGS, run_cli, tiny_dim_flags, tool_env
-from fairseq_hardattn.tools.average_checkpoints import main
+from hardattn_tools.average_checkpoints import main
 
 
 def write_run(run_dir, epochs):
@@ -47,7 +47,7 @@ def test_upper_bound_gives_a_shorter_budget_of_the_run(tmp_path):
 def test_upper_bound_beyond_the_run_is_one_clear_error(tmp_path):
     run = write_run(tmp_path / "run", range(1, 5))
     proc = subprocess.run(
-        [sys.executable, "-m", "fairseq_hardattn.tools.average_checkpoints", "--inputs", str(run),
+        [sys.executable, "-m", "hardattn_tools.average_checkpoints", "--inputs", str(run),
          "--num-epoch-checkpoints", "2", "--checkpoint-upper-bound", "7",
          "--output", str(tmp_path / "avg.pt")],
         capture_output=True, text=True)

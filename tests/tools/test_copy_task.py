@@ -4,7 +4,7 @@ trained by sampling, decoded by argmax) must reach >= 95% exact match."""
 
 import re
 
-from fairseq_hardattn.tools import synthetic
+from hardattn_tools import synthetic
 
 from conftest import USER_DIR, preprocess, run_cli
 

@@ -18,7 +18,7 @@ from fairseq_hardattn.criterions.label_smoothed_cross_entropy_with_distillation 
     LabelSmoothedCrossEntropyWithDistillationCriterion as Distillation,
 )
 from fairseq_hardattn.errors import ConfigError
-from fairseq_hardattn.tools.distillation import distilled_pairs
+from hardattn_tools.distillation import distilled_pairs
 
 
 def sample_of(d):
@@ -118,10 +118,10 @@ def test_fairseq_train_distills_a_hard_student_from_a_soft_checkpoint(
     assert not torch.equal(state["model"][key], plain["model"][key])
 
 
-# --- sequence-level distillation (fairseq_hardattn/tools/distillation.py) ---------
+# --- sequence-level distillation (hardattn_tools/distillation.py) ---------
 
 def distill_cli(*args, check=True):
-    proc = subprocess.run([sys.executable, "-m", "fairseq_hardattn.tools.distillation",
+    proc = subprocess.run([sys.executable, "-m", "hardattn_tools.distillation",
                            *map(str, args)], env=tool_env(), capture_output=True, text=True,
                           timeout=600)
     if check:

@@ -609,10 +609,9 @@ def results_sh_with_stand_ins(tmp_path, only, failing_run="-", failing_translati
         'mkdir -p "$1/runs/$2" && touch "$1/runs/$2/checkpoint_avg.pt"\n'
         f'echo "end $2" >> {journal}\n')
     (m30k / "evaluate.sh").write_text(f'echo "score ${{SUBSET:-test}} $3 $4 $THREADS ${{*:5}}" >> {journal}\n')
-    tools = tmp_path / "stand_in" / "fairseq_hardattn" / "tools"
+    tools = tmp_path / "stand_in" / "hardattn_tools"
     tools.mkdir(parents=True)
-    for package in (tools, tools.parent):
-        (package / "__init__.py").write_text("")
+    (tools / "__init__.py").write_text("")
     (tools / "distillation.py").write_text(
         "import os, sys, time\n"
         "data_bin, teacher, out = sys.argv[1:4]\n"
@@ -624,7 +623,7 @@ def results_sh_with_stand_ins(tmp_path, only, failing_run="-", failing_translati
         "os.makedirs(os.path.join(out, 'data-bin'))\n"
         "open(os.path.join(out, 'data-bin', '.done'), 'w').close()\n"
         "journal.write(f'distilled {run}\\n')\n")
-    env = tool_env(ONLY=only, PARALLEL=str(parallel), SKIP_BENCH="1", PYTHONPATH=str(tools.parent.parent))
+    env = tool_env(ONLY=only, PARALLEL=str(parallel), SKIP_BENCH="1", PYTHONPATH=str(tools.parent))
     # a bare `python` fails: the recipe runs "$PYTHON" (python3), which GPU images have
     # where `python` may be another interpreter or missing
     bare = tmp_path / "bare"
@@ -766,7 +765,7 @@ def test_paired_bootstrap_brackets_the_difference_the_sentences_make(tmp_path):
     """tools.scoring.paired_bootstrap: the same decodes differ by exactly 0;
     a decode that gets every sentence right is better in every resampling,
     and the interval turns over with the systems' order."""
-    from fairseq_hardattn.tools.scoring import paired_bootstrap, tokenized_bleu
+    from hardattn_tools.scoring import paired_bootstrap, tokenized_bleu
 
     refs = [f"a man number {i} rides a red bike down the street" for i in range(40)]
     (tmp_path / "ref.tok").write_text("\n".join(refs) + "\n")
@@ -848,7 +847,7 @@ def test_a_scripts_scratch_folder_is_gone_when_its_process_ends(tmp_path, ending
     removed when its process ends, by an exception too; a --work-dir given
     (``keep``) stays."""
     kept = tmp_path / "kept"
-    code = ("import sys\nfrom fairseq_hardattn.tools.scratch import scratch_folder\n"
+    code = ("import sys\nfrom hardattn_tools.scratch import scratch_folder\n"
             "folder = scratch_folder('scratch-test-')\n(folder / 'model.bin').write_bytes(b'x' * 1000)\n"
             f"assert scratch_folder('unused-', keep={str(kept)!r}) == __import__('pathlib').Path({str(kept)!r})\n"
             "print(folder, flush=True)\n" + ("raise RuntimeError('a failed run')\n" if ending == "raises" else ""))
@@ -920,3 +919,14 @@ def test_benchmark_generate_cores_names_a_missing_file_in_one_line(tmp_path):
         assert proc.returncode == 2
         assert proc.stderr.strip().splitlines()[-1] == (
             f"benchmark_generate_cores.py: error: {option} {tmp_path / 'missing.txt'}: no such file")
+    proc = script("benchmark_generate_cores.py", "--data", tmp_path, check=False)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].endswith(
+        "--data and --path go together (a trained model's data and checkpoint)")
+
+
+def test_one_sentence_latency_names_what_it_lacks_in_one_line(tmp_path):
+    proc = script("one_sentence_latency.py", check=False)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].endswith(
+        "give --data, --path and --bpe-text (a trained model), or --random-dims")
+    proc = script("one_sentence_latency.py", "--random-dims", "small", "--path", tmp_path / "no.pt", check=False)
+    assert proc.returncode == 2 and "--path" in proc.stderr and "not found" in proc.stderr

@@ -1,14 +1,18 @@
 """The plugin's rooms import one way only (ARCHITECTURE.md): the mechanisms
 (``modules/``) and the model families (``models/``) import nothing from the
 decoding engine (``decoding/``), which imports both; ``modules/`` imports no
-model; the kernels import nothing of the plugin; no package imports another
-that imports it back. Read from the sources, every import (lazy ones too)."""
+model; the kernels import nothing of the plugin; ``compat/`` (fairseq's
+behaviour) imports no room above it; no package imports another that imports
+it back; the tooling (benchmarks, plots, fixtures) lives outside the plugin.
+Read from the sources, every import (lazy ones too)."""
 
 import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "fairseq_hardattn"
-ROOMS = ("modules", "models", "decoding", "kernels", "criterions")
+ROOMS = ("modules", "models", "decoding", "kernels", "criterions", "compat", "corpus")
+# bottom to top: a room imports only rooms below it
+LAYERS = ("kernels", "compat", "modules", "criterions", "models", "decoding", "corpus")
 
 
 def imported_rooms(path: Path):
@@ -52,3 +56,17 @@ def test_no_two_rooms_import_each_other():
     for room, used in imports.items():
         for other in used & set(ROOMS):
             assert room not in imports[other], (room, other)
+
+
+def test_every_room_imports_only_rooms_below_it():
+    imports = room_imports()
+    for room, used in imports.items():
+        above = set(LAYERS[LAYERS.index(room) + 1:])
+        assert not used & above, (room, used & above)
+
+
+def test_the_plugin_holds_no_tooling():
+    assert not (PACKAGE / "tools").exists()
+    for path in PACKAGE.rglob("*.py"):
+        text = path.read_text()
+        assert "hardattn_tools" not in text and "matplotlib" not in text, path

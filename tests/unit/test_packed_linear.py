@@ -126,7 +126,7 @@ def test_onednn_products_run_on_few_row_counts_and_give_each_rows_own_output():
 HEAP_PROBE = """
 import os
 from fairseq_hardattn.decoding.heap import keep_large_blocks_in_the_heap
-from fairseq_hardattn.tools.process_memory import pss_mb
+from hardattn_tools.process_memory import pss_mb
 
 keep_large_blocks_in_the_heap()
 before = pss_mb(os.getpid())

@@ -20,7 +20,7 @@ from fairseq_hardattn import ConfigError
 from fairseq_hardattn.decoding import PluginBeamSearch, bf16, generator_class, packed_linear
 from fairseq_hardattn.decoding.int8 import quantize_for_decoding
 from fairseq_hardattn.decoding.shortlist import Shortlist, restricted_projection
-from fairseq_hardattn.tools import shortlist_table
+from fairseq_hardattn import shortlist_table
 
 from conftest import assert_same_hypotheses, decisive_model, make_dictionary, sample_of
 

@@ -10,7 +10,7 @@ from fairseq.sequence_generator import SequenceGenerator
 
 import fairseq_hardattn
 from fairseq_hardattn.modules import decoding_step
-from fairseq_hardattn.tools.op_counting import counting
+from hardattn_tools.op_counting import counting
 
 from conftest import build_model, make_dictionary, random_batch
 

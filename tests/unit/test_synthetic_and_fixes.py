@@ -6,7 +6,7 @@ import torch
 
 import fairseq_hardattn  # noqa: F401  (torch >= 2.6 reads fairseq checkpoints)
 from fairseq_hardattn.compat.batches import batch_by_size
-from fairseq_hardattn.tools import synthetic
+from hardattn_tools import synthetic
 
 
 def test_synthetic_tasks_are_deterministic_and_reorder():

@@ -22,7 +22,7 @@ CONVERSION_SCHEDULE = {"epochs": 5, "average": 2, "warmup": 100}
 class Run:
     """Trained from scratch with the recipe of common.sh; ``corpus``: a trained
     run whose translations of the training sources replace the references
-    (sequence-level distillation: fairseq_hardattn/tools/distillation.py);
+    (sequence-level distillation: hardattn_tools/distillation.py);
     ``retired``: a commit whose plugin still had the options it trained with
     (not trained from here; its records stay)."""
     name: str

@@ -12,8 +12,8 @@ import argparse
 import os
 from typing import Callable, List
 
-from ..errors import ConfigError
-from ..modules import CachedProjectionAttention, SoftAttention
+from fairseq_hardattn.errors import ConfigError
+from fairseq_hardattn.modules import CachedProjectionAttention, SoftAttention
 from .scratch import scratch_folder
 
 COMPUTE_TYPES = ("float32", "int8", "int8_float32", "int16")

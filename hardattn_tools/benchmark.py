@@ -29,9 +29,9 @@ import tempfile
 
 import torch
 
-from ..errors import ConfigError
-from ..models.attention_kind_base import SMALL_DIMS
-from ..models.decoding_options import ENGINES, check_workers
+from fairseq_hardattn.errors import ConfigError
+from fairseq_hardattn.models.attention_kind_base import SMALL_DIMS
+from fairseq_hardattn.models.decoding_options import ENGINES, check_workers
 from .fixtures import (DTYPES, GENERATE_MAX_LEN, DictionaryTask, check_device, device_name, every_member, load_models,
                        parse_model_specs, random_batches, set_decoding_engine,
                        setup_translation_task, synthetic_dictionary, test_batches, to_device,
@@ -101,7 +101,7 @@ def build_parser():
 
 
 # this module, as the isolated runs' children run it (also when it runs as __main__)
-MODULE = "fairseq_hardattn.tools.benchmark"
+MODULE = "hardattn_tools.benchmark"
 
 
 def threads_arg(text: str) -> int:

@@ -5,7 +5,7 @@
 - sacreBLEU on detokenized output against the raw references, with its
   signature so others can reproduce it.
 
-Usage: python -m fairseq_hardattn.tools.scoring GENERATE_OUTPUT --tok-ref REF.tok
+Usage: python -m hardattn_tools.scoring GENERATE_OUTPUT --tok-ref REF.tok
            [--raw-ref REF.raw --detok-lang de] [--json]
 """
 

@@ -12,8 +12,8 @@ from fairseq import checkpoint_utils, options, tasks
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 from fairseq.sequence_generator import SequenceGenerator
 
-from ..errors import ConfigError
-from ..compat import loading
+from fairseq_hardattn.errors import ConfigError
+from fairseq_hardattn.compat import loading
 
 
 @dataclass
@@ -196,7 +196,7 @@ GENERATE_MAX_LEN = (0.0, 200)
 def make_generator(model, dictionary, beam, fixed_output_len=None, max_len=GENERATE_MAX_LEN):
     """The generator fairseq-generate builds for ``model`` (the plugin's beam
     search where the model's --decoding-engine asks for it, else fairseq's)."""
-    from ..decoding import generator_class
+    from fairseq_hardattn.decoding import generator_class
 
     if fixed_output_len:
         # EOS is blocked until min_len and forced at max_len: same work for all

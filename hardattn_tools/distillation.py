@@ -4,7 +4,7 @@ translations of the training sources. The validation and test sets are kept,
 so models trained on the distilled corpus are still selected and scored on
 real references.
 
-Usage: python -m fairseq_hardattn.tools.distillation DATA_BIN TEACHER OUT_DIR
+Usage: python -m hardattn_tools.distillation DATA_BIN TEACHER OUT_DIR
            [--beam 4] [--max-tokens 8000] [--workers 1]
            [-- extra fairseq-generate flags, e.g. --cpu or --fp16]
 
@@ -23,7 +23,7 @@ import subprocess
 import sys
 from typing import List, Tuple
 
-from .. import USER_DIR
+from fairseq_hardattn import USER_DIR
 from .scoring import read_generate_lines
 
 

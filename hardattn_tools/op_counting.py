@@ -29,7 +29,7 @@ SYNC_OPS = frozenset({
 
 def plugin_attention_modules(model: nn.Module):
     """This plugin's attention modules in ``model`` (the mechanisms)."""
-    from ..modules import AverageAttention, CachedProjectionAttention, FlexibleLSTMAttention
+    from fairseq_hardattn.modules import AverageAttention, CachedProjectionAttention, FlexibleLSTMAttention
 
     kinds = (CachedProjectionAttention, AverageAttention, FlexibleLSTMAttention)
     return [m for m in model.modules() if isinstance(m, kinds)]

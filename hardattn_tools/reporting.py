@@ -2,24 +2,22 @@
 (``report``, ``markdown_table``) and the one writer every script uses
 (``write_outputs``)."""
 
-import json
 import sys
 from typing import Optional
 
 from .profiling import decoder_attention_shares, free_limit
+from .provenance import write_json
 from .timing import median
 
 
 def write_outputs(result, markdown: str, json_path: Optional[str] = None,
                   markdown_path: Optional[str] = None, echo: bool = True):
-    """The table on stdout (``echo``), the result as JSON and the table as
-    Markdown where paths are given."""
+    """The table on stdout (``echo``), the result as JSON (with its
+    provenance) and the table as Markdown where paths are given."""
     if echo:
         print(markdown)
     if json_path:
-        with open(json_path, "w") as f:
-            json.dump(result, f, indent=2)
-            f.write("\n")
+        write_json(json_path, result)
     if markdown_path:
         with open(markdown_path, "w") as f:
             f.write(markdown + "\n")

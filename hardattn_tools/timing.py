@@ -40,7 +40,7 @@ def decode(generator, batches):
     ahead, as the task of a plugin model's gives (the plugin's search decodes
     the next ones in worker processes meanwhile, where its
     ``--decoding-workers`` asks for them)."""
-    from ..decoding.read_ahead import LookaheadCountingIterator
+    from fairseq_hardattn.decoding.read_ahead import LookaheadCountingIterator
 
     tokens = 0
     for sample in LookaheadCountingIterator(batches):

@@ -1,7 +1,7 @@
 """Average the parameters of a run's last epoch checkpoints (fairseq's
 ``scripts/average_checkpoints.py``, which the fairseq wheel does not ship).
 
-Usage: python -m fairseq_hardattn.tools.average_checkpoints --inputs RUN_DIR
+Usage: python -m hardattn_tools.average_checkpoints --inputs RUN_DIR
            --num-epoch-checkpoints 5 --output RUN_DIR/checkpoint_avg.pt
            [--checkpoint-upper-bound EPOCH]
 

@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from ..errors import ConfigError
+from .errors import ConfigError
 
 
 def parse_args(argv=None):

@@ -7,12 +7,11 @@ the output the straight-through gradient assumes in training; the further
 below 1, the more a hard decoding departs from what the gradient trained.
 Hard heads only (soft ones have no retrieval to compare with).
 
-Usage: python -m fairseq_hardattn.tools.attention_sharpness DATA_BIN CHECKPOINT...
+Usage: python -m hardattn_tools.attention_sharpness DATA_BIN CHECKPOINT...
            [--subset valid] [--max-tokens 4096] [--json OUT.json]
 """
 
 import argparse
-import json
 import os
 from collections import defaultdict
 from typing import Dict
@@ -20,7 +19,9 @@ from typing import Dict
 import torch
 import torch.nn.functional as F
 
-from .. import USER_DIR
+from fairseq_hardattn import USER_DIR
+
+from .provenance import write_json
 
 
 def _measure_scores(module, name: str, totals: Dict[str, list], query_rows: dict):
@@ -52,12 +53,12 @@ def sharpness(data_bin: str, checkpoint: str, subset: str = "valid",
     retrieval attention of ``checkpoint``, teacher-forced on ``subset``."""
     from fairseq import checkpoint_utils, utils
 
-    from ..modules import HardRetrievalAttention
+    from fairseq_hardattn.modules import HardRetrievalAttention
 
     if not os.path.isfile(checkpoint):
         raise ValueError(f"no checkpoint at {checkpoint}")
     utils.import_user_module(argparse.Namespace(user_dir=USER_DIR))
-    from ..compat import loading
+    from fairseq_hardattn.compat import loading
 
     with loading():
         models, _, task = checkpoint_utils.load_model_ensemble_and_task(
@@ -120,8 +121,7 @@ def main(argv=None):
         runs[run] = {"all_hard_heads_argmax_mass": mean_argmax_mass(measured), "per_attention": measured}
         print(f"{run}\tall hard heads\t{runs[run]['all_hard_heads_argmax_mass']:.3f}")
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as out:
-            json.dump(runs, out, indent=1)
+        write_json(args.json, runs)
 
 
 if __name__ == "__main__":

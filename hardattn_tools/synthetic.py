@@ -9,7 +9,7 @@
   target word is found at a different source position than the copy task
   would suggest.
 
-Usage: ``python -m fairseq_hardattn.tools.synthetic reorder OUT_DIR`` writes
+Usage: ``python -m hardattn_tools.synthetic reorder OUT_DIR`` writes
 ``{train,valid,test}.{src,tgt}`` for ``fairseq-preprocess``.
 """
 
