@@ -344,32 +344,25 @@ WRITTEN_BESIDE_COMMANDS = {
     "corpus": (' ([corpus_speed.json](corpus_speed.json), '
                '[corpus_speed_random_small.json](corpus_speed_random_small.json), '
                '[corpus_speed_random_base.json](corpus_speed_random_base.json), '
-               '[corpus_speed_20k_kernels.json](corpus_speed_20k_kernels.json), '
                '[real_data_peer_topk10.json](real_data_peer_topk10.json), '
                '[real_data_peer_beam4.json](real_data_peer_beam4.json), '
-               '[corpus_speed_20k_retrained.json](corpus_speed_20k_retrained.json), '
                '[real_data_peer_test_beam4.json](real_data_peer_test_beam4.json), '
                '[real_data_peer_test_topk10.json](real_data_peer_test_topk10.json), '
                '[cycles_by_library_test_topk10.json](cycles_by_library_test_topk10.json), '
                '[cycles_by_library_test_beam4.json](cycles_by_library_test_beam4.json), '
-               '[corpus_speed_20k_shapes.json](corpus_speed_20k_shapes.json), '
-               '[cycles_by_library_test_topk10_sublayers.json](cycles_by_library_test_topk10_sublayers.json), '
-               '[corpus_speed_20k_sublayers.json](corpus_speed_20k_sublayers.json)): the corpus command '
+               '[cycles_by_library_test_topk10_sublayers.json](cycles_by_library_test_topk10_sublayers.json); '
+               "the 20,000-line runs after each change: [corpus_speed_20k.json](corpus_speed_20k.json), each "
+               "under the name its command wrote): the corpus command "
                'back-translating 100,000 lines against fairseq-interactive and CTranslate2, its memory'
                " and a kill's cost (written beside its commands)"),
-    "below_float32": (' ([decoding_modes_bleu.json](decoding_modes_bleu.json), '
-                      '[shortlist_speed_small10k.json](shortlist_speed_small10k.json), '
-                      '[shortlist_speed_small32k.json](shortlist_speed_small32k.json), '
-                      '[shortlist_speed_base10k.json](shortlist_speed_base10k.json), '
-                      '[shortlist_speed_base32k.json](shortlist_speed_base32k.json), '
-                      '[shortlist_speed_small10k_k10.json](shortlist_speed_small10k_k10.json), '
-                      '[shortlist_speed_int8_small10k_k10_kernels.json]'
-                      '(shortlist_speed_int8_small10k_k10_kernels.json), the float32 '
-                      'and int8 rows measured again: shortlist_speed_fp32_*.json, '
-                      "shortlist_speed_int8_*.json; lists of candidates smaller than a batch's: "
-                      'shortlist_groups_*.json): a vocabulary shortlist, bf16 and int8 against the exact '
-                      "engine, BLEU and speed, beside CTranslate2's int8 and vocabulary map (written beside "
-                      'its commands)'),
+    "below_float32": (' ([decoding_modes_bleu.json](decoding_modes_bleu.json); the shortlist\'s runs: '
+                      "[shortlist.json](shortlist.json), each under the name its command wrote): a vocabulary "
+                      "shortlist, bf16 and int8 against the exact engine, BLEU and speed, beside CTranslate2's "
+                      "int8 and vocabulary map (written beside its commands)"),
+    "decoding_engine": (": the engine against CTranslate2 on real sentences (one at a time, batches, one thread "
+                        "and the cores, float32 and int8) and on random weights, each figure beside its "
+                        "command"),
+    "tried": ": what was measured on the way, or tried and not kept, a line each with the commit that holds it",
     "gpu_check": (" ([gpu_check/](gpu_check/)): the prepared GPU check's record, its GPU tests and speed "
                   "cells: the plugin's search on CUDA against fairseq's generator (written beside its "
                   "command)"),
@@ -392,7 +385,7 @@ def gpu_search_note(results):
     """The plugin's search on CUDA in the GPU column's cell (scripts/gpu_check.sh's record)."""
     # (scripts/gpu_check.sh names its cells speed_gpu_engine_*, the GPU matrix's speed_gpu_*)
     name = EXPERIMENTS.TABLE_GPU_BENCHMARK.replace("speed_gpu_", "speed_gpu_engine_", 1)
-    cell = by_model(load(results / "gpu_check" / f"{name}.json"))
+    cell = by_model((load(results / "gpu_check" / "speed.json") or {}).get(name))  # (its cells by name)
     if not cell.get("soft_search"):
         return "; the plugin's search on a GPU is unmeasured"
     return (f"; the plugin's search, CUDA's default since its GPU check passed, in the same cell: soft "
