@@ -392,6 +392,48 @@ def gpu_search_note(results):
             f"{ratio(cell['soft_search'])}, hard {ratio(cell.get('hard_search'))} (results/gpu_check.md)")
 
 
+# the headline row that the real-sentence figures belong to: fairseq's transformer through the engine
+ENGINE_PRESET = "transformer_soft_small"
+
+
+def real_sentences_cell(engine) -> str:
+    """fp32 and int8 ratios to CTranslate2 on the trained model's test2016
+    (batch 64), one thread / the cores (results/decoding_engine.json)."""
+    lines = (engine.get("real_sentences_test_batch64") or {}).get("median")
+    if not lines:
+        return "—"
+
+    def best(prefix, threads):
+        found = [v for k, v in lines.items() if k.startswith(prefix) and ("1 thread" in k) == (threads == 1)]
+        return max(found) if found else None
+
+    cells = []
+    for name, peer in (("fp32", "CT2 float32"), ("int8", "CT2 int8")):
+        ratios = [lines.get(f"engine {name}{suffix}", 0) / (best(peer, threads) or float("inf"))
+                  for suffix, threads in ((", 1 thread", 1), ("", 2))]
+        cells.append(f"{name} {ratios[0]:.2f}x / {ratios[1]:.2f}x")
+    return "; ".join(cells)
+
+
+def one_sentence_row(engine) -> str:
+    """The headline's row of one sentence at a time (the hub, one thread):
+    the median latency, float32 and int8, beside CTranslate2's."""
+    fp32, int8 = engine.get("one_sentence_trained_fp32"), engine.get("one_sentence_trained_int8")
+    if not fp32 or not int8:
+        return ""
+
+    def ms(record):
+        systems = record["systems"]
+        ours = next(v for k, v in systems.items() if k.startswith("the engine"))["median_ms"]
+        peer = next(v for k, v in systems.items() if k.startswith("CTranslate2"))["median_ms"]
+        return ours, peer
+
+    (a, b), (c, d) = ms(fp32), ms(int8)
+    return (f"| one sentence at a time | the hub's `translate(line)`, one thread, the trained de→en "
+            f"`transformer` (median ms) | — | {a:.2f} ms | {c:.2f} ms | — | fp32 {b / a:.2f}x ({b:.2f} ms); "
+            f"int8 {d / c:.2f}x ({d:.2f} ms) | — |")
+
+
 def headline_table(results, scores):
     """The README's table: the presets a user would pick (the manifest's
     HEADLINES), their test2016 BLEU, their CPU decoding speed in fp32 and
@@ -400,16 +442,23 @@ def headline_table(results, scores):
     benchmark = load(results / f"{EXPERIMENTS.HEADLINE_SPEED.name}.json")
     cpu = by_model(benchmark)
     gpu = by_model(load(results / f"{EXPERIMENTS.TABLE_GPU_BENCHMARK}.json"))
+    engine = load(results / "decoding_engine.json") or {}
     lines = ["| preset (`--arch`) | what it changes | test2016 BLEU | CPU speed vs fairseq, fp32 | "
-             "CPU, int8 | GPU speed vs fairseq | params (M) |", "|---|---|---|---|---|---|---|"]
+             "CPU, int8 | GPU speed vs fairseq | real sentences vs CTranslate2, 1 thread / 2 cores | "
+             "params (M) |", "|---|---|---|---|---|---|---|---|"]
     for row in EXPERIMENTS.HEADLINES:
         bleu = scores.record(row.run) if row.run else None
         fp32 = cpu.get(row.preset)
         params = fp32 and fp32.get("params")
+        # (the trained de->en model of results/decoding_engine.md is fairseq's transformer at these dims)
+        real = real_sentences_cell(engine) if row.preset == ENGINE_PRESET else "—"
         lines.append(f"| `{row.preset}` | {row.what} | {fmt(bleu and bleu['bleu_tok_lc'], '.2f')} | "
                      f"{ratio(fp32)} | {ratio(cpu.get(row.preset + '_int8'))} | "
-                     f"{ratio(gpu.get(row.gpu_model)) if row.gpu_model else '—'} | "
+                     f"{ratio(gpu.get(row.gpu_model)) if row.gpu_model else '—'} | {real} | "
                      f"{fmt(params and params / 1e6, '.2f')} |")
+    latency = one_sentence_row(engine)
+    if latency:
+        lines.append(latency)
     s = benchmark["settings"] if benchmark else {}
     note = (f"\nBLEU: Multi30k en-de test2016, tokenized and lowercased, each model trained with one "
             f"budget ({budget_note(scores)}; the curriculum preset at dropout 0.1, the others at 0.3). "
@@ -423,7 +472,11 @@ def headline_table(results, scores):
                f"(results/{EXPERIMENTS.HEADLINE_SPEED.name}.md)" if s else "not measured yet")
             + "; int8: `--int8-decoding`. GPU: NVIDIA H200, Transformer Base dims, batch 128, 100 tokens, "
             "fp16, the earlier engine (fairseq's generator around the captured step)"
-            + gpu_search_note(results) + ". Every row, the peers' included, is in "
+            + gpu_search_note(results) + ". Real sentences: a trained de→en fairseq `transformer` at "
+            "the small preset's dims decoding test2016 (beam 4, each sentence to its own end) through "
+            "fairseq-generate (batch 64) or the hub, against CTranslate2's best configuration for the cores "
+            "on the same weights, each in its own process (results/decoding_engine.md). Every row, the "
+            "peers' included, is in "
             "[results/README.md](results/README.md).\n")
     return "\n".join(lines) + "\n" + note
 

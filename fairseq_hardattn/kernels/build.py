@@ -15,7 +15,10 @@ operation without reassociation or contraction (``FILE_FLAGS``), as the
 C++ files. OpenMP where the compiler has it (torch's own runtime, the
 ``libgomp.so.1`` it loads first), else its simd pragmas only.
 ``FAIRSEQ_HARDATTN_KERNEL_CFLAGS`` adds flags to every step (part of the
-key): ``scripts/sanitize_kernels.sh`` builds with the sanitizers so.
+key): ``scripts/sanitize_kernels.sh`` builds with the sanitizers so. Each
+file's object is kept in the cache (``objects/``, by its source, the
+headers, the compiler and its flags): a build after a change recompiles the
+files it touched, and links (a build in a directory of the process's own, too).
 """
 
 import hashlib
@@ -41,6 +44,8 @@ IN_ORDER = ("-fno-associative-math", "-ffp-contract=off")
 FILE_FLAGS = {"layer_norm.c": IN_ORDER, "int8_linear.c": IN_ORDER}
 CXX_FLAGS = COMMON + ("-std=c++20", "-ffp-contract=off", "-w")
 THREADING = (("-fopenmp",), ("-fopenmp-simd",))
+# the cache's folder of compiled objects, by source, headers, compiler and flags
+OBJECTS = "objects"
 
 
 def cache_dir() -> Path:
@@ -135,7 +140,7 @@ def build(cached: bool = True) -> Path:
             for threading in THREADING:
                 try:
                     _compile_and_link(cc, cxx, sources, Path(tmp), threading, extra, compile_flags, link_flags,
-                                      partial)
+                                      partial, cache_dir() / OBJECTS)
                     break
                 except RuntimeError:
                     if threading is THREADING[-1]:
@@ -155,20 +160,36 @@ def build(cached: bool = True) -> Path:
         return build(cached=False)
 
 
-def _compile_and_link(cc, cxx, sources, tmp: Path, threading, extra, compile_flags, link_flags, target: Path):
-    objects, commands = [], []
+def _compile_and_link(cc, cxx, sources, tmp: Path, threading, extra, compile_flags, link_flags, target: Path,
+                      objects_dir: Path):
+    objects, commands, made = [], [], []
+    headers = b"\0".join(path.read_bytes() for path in sorted(SOURCE_DIR.glob("*.h")))
     for source in sources:
+        if source.suffix == ".c":
+            flags = [cc, *C_FLAGS, *threading, *FILE_FLAGS.get(source.name, ()), *extra]
+        else:
+            flags = [cxx, *CXX_FLAGS, *threading, *extra, *compile_flags]
+        # an object compiled before from the same source, headers, compiler and flags
+        key = hashlib.sha256(b"\0".join([source.read_bytes(), headers, " ".join(flags).encode()])).hexdigest()
+        kept = objects_dir / f"{source.name}-{key[:16]}.o"
+        if kept.exists():
+            objects.append(kept)
+            continue
         obj = tmp / (source.name + ".o")
         objects.append(obj)
-        if source.suffix == ".c":
-            flags = C_FLAGS + threading + FILE_FLAGS.get(source.name, ())
-            commands.append((source.name, [cc, *flags, *extra, "-c", str(source), "-o", str(obj)]))
-        else:
-            commands.append((source.name, [cxx, *CXX_FLAGS, *threading, *extra, *compile_flags, "-c", str(source),
-                                           "-o", str(obj)]))
+        made.append((obj, kept))
+        commands.append((source.name, [*flags, "-c", str(source), "-o", str(obj)]))
     _run_all(commands, os.cpu_count() or 1)
     _run_all([("the link", [cxx, "-shared", *threading, *extra, *map(str, objects), *link_flags, "-o",
                             str(target)])], 1)
+    for obj, kept in made:  # kept for the next build (a changed kernel recompiles that file alone)
+        try:
+            objects_dir.mkdir(parents=True, exist_ok=True)
+            partial = kept.with_name(f".{kept.name}.{os.getpid()}")
+            shutil.copyfile(obj, partial)
+            os.replace(partial, kept)
+        except OSError:
+            pass
 
 
 def _run_all(commands, parallel: int):

@@ -370,6 +370,16 @@ def test_results_table_fills_the_readme_markers(tmp_path):
         {"model": "transformer", "params": 5_000_000, "decode_speedup": 1.0},
         {"model": "transformer_soft_small", "params": 5_000_000, "decode_speedup": 1.85},
         {"model": "transformer_soft_small_int8", "params": 5_000_000, "decode_speedup": 2.25}]}))
+    # the engine against CTranslate2 on real sentences: the soft row's column, and one sentence's row
+    (results / "decoding_engine.json").write_text(json.dumps({
+        "real_sentences_test_batch64": {"median": {
+            "engine fp32": 300.0, "engine fp32, 1 thread": 150.0, "engine int8": 400.0, "engine int8, 1 thread": 200.0,
+            "CT2 float32 inter 2 x intra 1": 250.0, "CT2 float32 intra 2": 200.0, "CT2 float32 1 thread": 100.0,
+            "CT2 int8 inter 2 x intra 1": 200.0, "CT2 int8 1 thread": 160.0}},
+        "one_sentence_trained_fp32": {"systems": {"the engine (hub translate)": {"median_ms": 8.0},
+                                                  "CTranslate2 float32": {"median_ms": 6.0}}},
+        "one_sentence_trained_int8": {"systems": {"the engine (hub translate)": {"median_ms": 3.0},
+                                                  "CTranslate2 int8": {"median_ms": 3.6}}}}))
     # a page written beside its commands (not by results.sh) keeps its line in the file list
     (results / "corpus.md").write_text("# the corpus command\n")
     readme = tmp_path / "README.md"
@@ -380,7 +390,9 @@ def test_results_table_fills_the_readme_markers(tmp_path):
     text = readme.read_text()
     assert "old" not in text and text.startswith("# title\n") and text.endswith("rest\n")
     assert "| `transformer_soft_small` | soft attention, the plugin's decoding engine | 30.50 | 1.85x | " \
-           "2.25x | — | 5.00 |" in text
+           "2.25x | — | fp32 1.50x / 1.20x; int8 1.25x / 2.00x | 5.00 |" in text
+    assert "| one sentence at a time | " in text and \
+        "| — | 8.00 ms | 3.00 ms | — | fp32 0.75x (6.00 ms); int8 1.20x (3.60 ms) | — |" in text
     assert "| `transformer` | " in text and "10 random sources of 30 tokens decoded to exactly 20" in text
     text = (results / "README.md").read_text()  # every row: the results' own table
     assert "| `hard` |" in text and "29.25" in text and "1.20x" in text and "84%" in text

@@ -5,6 +5,7 @@ decodes fairseq's hypotheses: rebuilt where it can be, else PyTorch's ops
 after one warning. And what the library tells Python: its header's
 constants, its checks of the tensors it is given."""
 
+import shutil
 import subprocess
 import sys
 
@@ -19,6 +20,22 @@ from fairseq_hardattn.modules import ATTENTION_KINDS
 from fairseq_hardattn.modules.cached_projection import CachedProjectionAttention
 
 from conftest import assert_same_hypotheses, decisive_model, make_dictionary, sample_of, tool_env
+
+
+@pytest.fixture(scope="module")
+def compiled_objects(tmp_path_factory):
+    """The library's compiled objects, as a cache keeps them (one build for
+    the tests below: a rebuild then compiles nothing it has, and links)."""
+    cache = tmp_path_factory.mktemp("kernel-objects")
+    subprocess.run([sys.executable, "-c", BUILD], env=tool_env(FAIRSEQ_HARDATTN_KERNEL_DIR=str(cache)),
+                   check=True, capture_output=True, timeout=900)
+    return cache / build.OBJECTS
+
+
+def seeded_with(objects, cache):
+    """A cache folder holding ``objects`` and no library."""
+    shutil.copytree(objects, cache / build.OBJECTS)
+    return cache
 
 
 @pytest.fixture
@@ -54,6 +71,7 @@ def decodes_with_a_rebuilt_library_after_one_warning(caplog, says):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("kernel-builds")  # (one build of the objects for the three)
 def test_a_cache_that_cannot_be_written_builds_in_a_directory_of_the_process(fresh_kernels, tmp_path,
                                                                              monkeypatch, caplog):
     blocked = tmp_path / "a-file"
@@ -63,11 +81,14 @@ def test_a_cache_that_cannot_be_written_builds_in_a_directory_of_the_process(fre
 
 
 @pytest.mark.slow
-def test_a_truncated_cached_library_is_built_again(fresh_kernels, caplog):
+@pytest.mark.xdist_group("kernel-builds")  # (one build of the objects for the three)
+def test_a_truncated_cached_library_is_built_again(fresh_kernels, compiled_objects, caplog):
+    seeded_with(compiled_objects, fresh_kernels)
     path = build.library_path()
-    path.parent.mkdir(parents=True)
     path.write_bytes(b"\x7fELF" + b"\0" * 200)
     decodes_with_a_rebuilt_library_after_one_warning(caplog, "do not load")
+    assert sorted(p.name for p in (fresh_kernels / build.OBJECTS).iterdir()) == sorted(
+        p.name for p in compiled_objects.iterdir())  # (nothing compiled again)
 
 
 def test_a_library_built_for_another_cpu_or_pytorch_is_never_loaded_here(fresh_kernels, monkeypatch):
@@ -95,14 +116,16 @@ BUILD = "from fairseq_hardattn.kernels import build; print(build.build())"
 
 
 @pytest.mark.slow
-def test_two_processes_building_at_once_both_load_a_whole_library(tmp_path):
+@pytest.mark.xdist_group("kernel-builds")  # (one build of the objects for the three)
+def test_two_processes_building_at_once_both_load_a_whole_library(tmp_path, compiled_objects):
+    seeded_with(compiled_objects, tmp_path)
     env = tool_env(FAIRSEQ_HARDATTN_KERNEL_DIR=str(tmp_path))
     processes = [subprocess.Popen([sys.executable, "-c", BUILD], env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outputs = [p.communicate(timeout=600) for p in processes]
     assert all(p.returncode == 0 for p in processes), [o[1][-1500:] for o in outputs]
     assert outputs[0][0] == outputs[1][0]
-    built = sorted(path.name for path in tmp_path.iterdir())
+    built = sorted(path.name for path in tmp_path.iterdir() if path.name != build.OBJECTS)
     assert len(built) == 1 and built[0].endswith(".so")  # nothing half-built left
     check = subprocess.run([sys.executable, "-c", "import sys; from fairseq_hardattn.kernels import build; "
                             "print(build.load_module(sys.argv[1]).ATTENTION_MODES)", outputs[0][0].strip()],
