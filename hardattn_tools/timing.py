@@ -3,6 +3,7 @@ every model once, in a rotated order, after a warm-up pass, so that a change
 of machine load hits all models alike (``interleaved``); decoding with
 fairseq's own ``SequenceGenerator``, training as forward + backward."""
 
+import functools
 import statistics
 import time
 from dataclasses import dataclass
@@ -15,6 +16,23 @@ from .fixtures import GENERATE_MAX_LEN, make_generator, prepare_for_decoding
 from .profiling import timed_sublayers
 
 median = statistics.median
+
+
+def accumulating(function, seconds, part, calls=None):
+    """``function``, each call's wall time added to ``seconds[part]`` (and one
+    to ``calls[part]``): where a run's time goes, by part."""
+
+    @functools.wraps(function)
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            seconds[part] += time.perf_counter() - start
+            if calls is not None:
+                calls[part] += 1
+
+    return timed
 
 
 @dataclass

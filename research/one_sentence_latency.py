@@ -37,33 +37,22 @@ torch.set_num_threads(1)
 import fairseq_hardattn
 from fairseq_hardattn import kernels
 from fairseq_hardattn.decoding import native_search
+from hardattn_tools.timing import accumulating
 
 a = json.loads(sys.argv[1])
 folder, name = os.path.split(a["path"])
 hub = fairseq_hardattn.from_pretrained(folder, checkpoint_file=name, data_name_or_path=a["data"],
                                        source_lang=a["src"], target_lang=a["tgt"], **a["overrides"]).eval()
 lines, options = json.load(open(a["lines"])), a["options"]
-spent = {"text to ids": 0.0, "encoder": 0.0, "steps (native search)": 0.0}
-
-
-def timed(part, function):
-    def run(*args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return function(*args, **kwargs)
-        finally:
-            spent[part] += time.perf_counter() - start
-    return run
-
-
-hub.encode = timed("text to ids", hub.encode)
-native_search.encode = timed("encoder", native_search.encode)
+spent = dict.fromkeys(("text to ids", "encoder", "steps (native search)"), 0.0)
+hub.encode = accumulating(hub.encode, spent, "text to ids")
+native_search.encode = accumulating(native_search.encode, spent, "encoder")
 library = kernels.native()
 if library is not None:
-    library.beam_search = timed("steps (native search)", library.beam_search)
+    library.beam_search = accumulating(library.beam_search, spent, "steps (native search)")
 for line in lines[:10]:
     hub.translate(line, **options)
-spent = dict.fromkeys(spent, 0.0)
+spent.update(dict.fromkeys(spent, 0.0))
 ms, out = [], []
 for line in lines:
     start = time.perf_counter()

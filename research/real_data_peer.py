@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 
 from hardattn_tools.provenance import write_json
+from hardattn_tools.timing import accumulating
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -169,22 +170,10 @@ def timed_parts():
     for name in ("__call__", "candidates"):
         setattr(beam_search.StepLogits, name, counted(getattr(beam_search.StepLogits, name)))
 
-    def timed(owner, name, part):
-        function = getattr(owner, name)
-
-        @functools.wraps(function)
-        def wrapper(*a, **k):
-            start = time.perf_counter()
-            try:
-                return function(*a, **k)
-            finally:
-                seconds[part] += time.perf_counter() - start
-                calls[part] += 1
-        setattr(owner, name, wrapper)
-
     for module, owner, name, part in PARTS:
         where = importlib.import_module(f"fairseq_hardattn.{module}")
-        timed(getattr(where, owner) if owner else where, name, part)
+        owner = getattr(where, owner) if owner else where
+        setattr(owner, name, accumulating(getattr(owner, name), seconds, part, calls))
     return seconds, calls, rows, began_at
 
 

@@ -92,7 +92,9 @@ def lines_kept_aligned(make_batches):
     def batches(lines, cfg, task, max_positions, encode_fn):
         first_line, lines_read[0] = lines_read[0], lines_read[0] + len(lines)
         limit = _source_positions(max_positions)
-        _, lengths = task.get_interactive_tokens_and_lengths(lines, encode_fn)
+        # (a line's length matters only against a limit: fairseq's make_batches encodes the lines again)
+        lengths = ([0] * len(lines) if limit is None
+                   else task.get_interactive_tokens_and_lengths(lines, encode_fn)[1])
         for i, n in enumerate(lengths):
             if lines[i] and limit is not None and n > limit:
                 print(f"fairseq-hardattn: warning: input line {first_line + i + 1} has {n} tokens, more "

@@ -17,7 +17,7 @@ C++ files. OpenMP where the compiler has it (torch's own runtime, the
 ``FAIRSEQ_HARDATTN_KERNEL_CFLAGS`` adds flags to every step (part of the
 key): ``scripts/sanitize_kernels.sh`` builds with the sanitizers so. Each
 file's object is kept in the cache (``objects/``, by its source, the
-headers, the compiler and its flags): a build after a change recompiles the
+headers, the compiler, its flags, the CPU, PyTorch and Python): a build after a change recompiles the
 files it touched, and links (a build in a directory of the process's own, too).
 """
 
@@ -104,12 +104,20 @@ def _extra_flags():
     return tuple(os.environ.get("FAIRSEQ_HARDATTN_KERNEL_CFLAGS", "").split())
 
 
+def _platform() -> bytes:
+    """What a library or an object was built for beyond its sources and
+    flags: the CPU (-march=native), PyTorch (its headers and libraries) and
+    Python."""
+    import torch
+
+    return b"\0".join([_cpu_signature(), torch.__version__.encode(),
+                        sysconfig.get_config_var("EXT_SUFFIX").encode()])
+
+
 def library_path(cached: bool = True) -> Path:
     """Where the library built from these sources, compilers, flags, CPU,
     PyTorch and Python is (or would be) cached; raises RuntimeError where a
     compiler is missing."""
-    import torch
-
     cc, cxx = compilers()
     compile_flags, link_flags = _torch_flags()
     files = _sources() + sorted(SOURCE_DIR.glob("*.h"))
@@ -117,8 +125,7 @@ def library_path(cached: bool = True) -> Path:
     key = hashlib.sha256(b"\0".join(
         [path.name.encode() + path.read_bytes() for path in files]
         + [cc.encode(), cxx.encode(), " ".join(C_FLAGS + CXX_FLAGS + _extra_flags()).encode(), repr(FILE_FLAGS).encode(),
-           _cpu_signature(),
-           torch.__version__.encode(), " ".join(compile_flags + link_flags).encode(), suffix.encode()])).hexdigest()
+           _platform(), " ".join(compile_flags + link_flags).encode()])).hexdigest()
     return (cache_dir() if cached else _private_dir()) / f"_native-{key[:16]}{suffix}"
 
 
@@ -163,13 +170,13 @@ def build(cached: bool = True) -> Path:
 def _compile_and_link(cc, cxx, sources, tmp: Path, threading, extra, compile_flags, link_flags, target: Path,
                       objects_dir: Path):
     objects, commands, made = [], [], []
-    headers = b"\0".join(path.read_bytes() for path in sorted(SOURCE_DIR.glob("*.h")))
+    headers = b"\0".join([path.read_bytes() for path in sorted(SOURCE_DIR.glob("*.h"))] + [_platform()])
     for source in sources:
         if source.suffix == ".c":
             flags = [cc, *C_FLAGS, *threading, *FILE_FLAGS.get(source.name, ()), *extra]
         else:
             flags = [cxx, *CXX_FLAGS, *threading, *extra, *compile_flags]
-        # an object compiled before from the same source, headers, compiler and flags
+        # an object compiled before from the same source, headers, compiler, flags and platform
         key = hashlib.sha256(b"\0".join([source.read_bytes(), headers, " ".join(flags).encode()])).hexdigest()
         kept = objects_dir / f"{source.name}-{key[:16]}.o"
         if kept.exists():
