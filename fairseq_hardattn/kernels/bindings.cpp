@@ -17,6 +17,8 @@
 #include <vector>
 
 #include "native.h"
+#include <ATen/Parallel.h>
+
 #include "module.h"
 
 namespace py = pybind11;
@@ -39,6 +41,7 @@ const fh_blas *torch_blas() {
     // library links PyTorch's, which exports it); NULL where it does not
     static const fh_blas blas = [] {
         fh_blas found{};
+        found.threads = +[]() -> int { return at::get_num_threads(); };
         found.gemm = reinterpret_cast<fh_gemm_fn>(dlsym(RTLD_DEFAULT, "sgemm_"));
         found.gemv = reinterpret_cast<fh_gemv_fn>(dlsym(RTLD_DEFAULT, "sgemv_"));
         if (!found.gemm || !found.gemv) {
@@ -163,8 +166,82 @@ at::Tensor apply(const LinearSpec &linear, const at::Tensor &x, const std::vecto
     return packed(x.reshape({rows, width}), padded).view(shape);
 }
 
+fh_panels panels_of(const at::Tensor &weight, const std::optional<at::Tensor> &bias,
+                    const std::function<at::Tensor(const at::Tensor &)> &reference, std::vector<at::Tensor> &kept) {
+    const int64_t out = weight.size(0), in = weight.size(1);
+    at::Tensor packed = at::empty({panel_floats(out, in)}, at::kFloat);
+    panel_pack(weight.data_ptr<float>(), out, in, weight.stride(0), weight.stride(1), packed.data_ptr<float>());
+    const float *b = bias ? bias->data_ptr<float>() : nullptr;
+    // the blocks tried: the whole inner dimension, then multiples of 64
+    std::vector<int64_t> blocks{in};
+    for (int64_t block = 64; block < in; block += 64) blocks.push_back(block);
+    c10::NoGradGuard no_grad;
+    for (int64_t rows : {8, 4}) {
+        // rows of varied values, none drawn from the process's generators
+        const at::Tensor x =
+            at::arange(rows * in, at::kFloat).mul_(0.7548776662f).frac_().sub_(0.5f).view({rows, in});
+        const at::Tensor expected = reference(x);
+        at::Tensor mine = at::empty({rows, out}, at::kFloat);
+        for (int64_t block : blocks) {
+            panel_product(packed.data_ptr<float>(), block, b, out, in, x.data_ptr<float>(), rows, mine.data_ptr<float>());
+            if (at::equal(mine, expected)) {
+                const at::Tensor checked = at::zeros({FH_PANEL_MAX_ROWS + 1}, at::kShort);
+                kept.insert(kept.end(), {packed, checked});
+                return fh_panels{packed.data_ptr<float>(), block, checked.data_ptr<int16_t>()};
+            }
+        }
+    }
+    return fh_panels{};
+}
+
+Panelled::Panelled(const at::Tensor &weight, std::optional<at::Tensor> bias,
+                   std::function<at::Tensor(const at::Tensor &)> reference)
+    : reference(std::move(reference)), bias(std::move(bias)), out(weight.size(0)), in(weight.size(1)) {
+    panels = panels_of(weight, this->bias, this->reference, kept);
+}
+
+at::Tensor Panelled::operator()(const at::Tensor &x) const {
+    const int64_t rows = x.numel() / in;
+    const int threads = panels.weight ? at::get_num_threads() : 0;
+    const int use = panel_use(&panels, rows, threads);
+    if (use == FH_PANELS_NOT || x.scalar_type() != at::kFloat) return reference(x);
+    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+    shape.back() = out;
+    auto made = [&] {
+        const at::Tensor flat = x.reshape({rows, in}).contiguous();
+        at::Tensor y = at::empty({rows, out}, x.options());
+        panel_product(panels.weight, panels.block, bias ? bias->data_ptr<float>() : nullptr, out, in,
+                      flat.data_ptr<float>(), rows, y.data_ptr<float>());
+        return y.view(shape);
+    };
+    if (use == FH_PANELS_USE) return made();
+    at::Tensor expected = reference(x);
+    panel_checked(&panels, rows, threads, expected.sizes() == at::IntArrayRef(shape) && at::equal(made(), expected));
+    return expected;
+}
+
+std::shared_ptr<Panelled> panelled_of(const LinearSpec &spec) {
+    const auto *weights = std::get_if<LinearWeights>(&spec);
+    if (!weights) return nullptr;
+    const auto &[weight, bias] = *weights;
+    check_tensor(weight, at::kFloat, "a Linear weight", true);
+    return std::make_shared<Panelled>(weight, bias, [weight, bias](const at::Tensor &x) {
+        return at::linear(x, weight, bias);
+    });
+}
+
+at::Tensor apply(const LinearSpec &linear, const std::shared_ptr<Panelled> &panelled, const at::Tensor &x,
+                 const std::vector<int64_t> &padded) {
+    return panelled ? (*panelled)(x) : apply(linear, x, padded);
+}
+
 fh_linear linear_of(const LinearSpec &spec, std::vector<at::Tensor> &kept, Held &held) {
-    if (const auto *weights = std::get_if<LinearWeights>(&spec)) return linear_of(*weights, kept);
+    if (const auto *weights = std::get_if<LinearWeights>(&spec)) {
+        fh_linear linear = linear_of(*weights, kept);
+        const auto &[weight, bias] = *weights;
+        linear.panels = panels_of(weight, bias, [&](const at::Tensor &x) { return at::linear(x, weight, bias); }, kept);
+        return linear;
+    }
     if (const auto *int8 = std::get_if<std::shared_ptr<Int8Linear>>(&spec)) {
         held.int8.push_back(*int8);
         return fh_linear{nullptr, nullptr, (*int8)->linear.out, (*int8)->linear.in, int8_product, &(*int8)->linear};
@@ -439,6 +516,22 @@ at::Tensor linear_product_binding(const at::Tensor &x, const LinearWeights &weig
     return y;
 }
 
+at::Tensor panel_product_binding(const at::Tensor &x, const at::Tensor &weight, const std::optional<at::Tensor> &bias,
+                                 int64_t block) {
+    check_tensor(weight, at::kFloat, "weight", false);
+    require(weight.dim() == 2 && block >= 1, "weight: (out, in); a block of at least 1");
+    const int64_t out = weight.size(0), in = weight.size(1);
+    features_checked(x, in, "x");
+    if (bias) check_tensor(*bias, at::kFloat, "bias", true);
+    require(!bias || bias->numel() == out, "bias: (out,)");
+    at::Tensor packed = at::empty({panel_floats(out, in)}, at::kFloat);
+    panel_pack(weight.data_ptr<float>(), out, in, weight.stride(0), weight.stride(1), packed.data_ptr<float>());
+    at::Tensor y = at::empty({x.size(0), out}, x.options());
+    panel_product(packed.data_ptr<float>(), block, bias ? bias->data_ptr<float>() : nullptr, out, in,
+                  x.data_ptr<float>(), x.size(0), y.data_ptr<float>());
+    return y;
+}
+
 // A sublayer kernel's call: x and residual (rows, embed) checked, the GIL
 // released while `run` writes residual + the sublayer into out
 template <class Run>
@@ -619,6 +712,21 @@ PYBIND11_MODULE(_native, m) {
     m.def("layer_norm", &layer_norm_binding, py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("eps"),
           py::arg("variant"));
     m.def("linear_product", &linear_product_binding, py::arg("x"), py::arg("linear"));
+    m.def("panel_product", &panel_product_binding, py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("block"));
+    py::class_<Panelled, std::shared_ptr<Panelled>>(m, "Panelled", "F.linear on panel_linear.c's kernel where it gives its bits")
+        .def(py::init([](const at::Tensor &weight, const std::optional<at::Tensor> &bias) {
+                 return panelled_of(LinearWeights{weight, bias});
+             }),
+             py::arg("weight"), py::arg("bias"))
+        .def("__call__", &Panelled::operator(), py::arg("x"))
+        .def_property_readonly("block", [](const Panelled &p) -> std::optional<int64_t> {
+            return p.panels.weight ? std::optional<int64_t>(p.panels.block) : std::nullopt;
+        })
+        .def("checked", [](const Panelled &p, int64_t rows) {
+            require(p.panels.weight && rows >= 0 && rows <= FH_PANEL_MAX_ROWS, "rows of a layer with panels");
+            return static_cast<int>(p.panels.checked[rows]);
+        }, py::arg("rows"));
+    m.attr("PANEL_MAX_ROWS") = static_cast<int>(FH_PANEL_MAX_ROWS);
     m.def("self_attention_sublayer", &self_attention_sublayer_binding, py::arg("attention"), py::arg("x"),
           py::arg("residual"), py::arg("keys"), py::arg("values"), py::arg("ancestors"), py::arg("length"));
     m.def("cross_attention_sublayer", &cross_attention_sublayer_binding, py::arg("attention"), py::arg("x"),

@@ -41,7 +41,7 @@ C_FLAGS = COMMON + ("-std=c99", "-fassociative-math", "-fno-signed-zeros")
 # per file: whose float sums repeat PyTorch's operation for operation (no
 # reassociation, no contraction), or whose float steps PyTorch's ops repeat
 IN_ORDER = ("-fno-associative-math", "-ffp-contract=off")
-FILE_FLAGS = {"layer_norm.c": IN_ORDER, "int8_linear.c": IN_ORDER}
+FILE_FLAGS = {"layer_norm.c": IN_ORDER, "int8_linear.c": IN_ORDER, "panel_linear.c": IN_ORDER}
 CXX_FLAGS = COMMON + ("-std=c++20", "-ffp-contract=off", "-w")
 THREADING = (("-fopenmp",), ("-fopenmp-simd",))
 # the cache's folder of compiled objects, by source, headers, compiler and flags

@@ -9,7 +9,9 @@
  * product, through the BLAS functions of PyTorch's own library, passed in
  * by the caller; the attention is step_attention.c's. So the sums are
  * PyTorch's, in PyTorch's order: the caller checks once per process that
- * the products give F.linear's bits, and uses these calls only then.
+ * the products give F.linear's bits, and uses these calls only then. For
+ * few rows, panel_linear.c's products replace the BLAS's where they give
+ * its bits (checked once per row count and thread count).
  *
  * A Linear layer with a product of its own (oneDNN's packed kernel, an
  * int8 one: native.h's fh_linear) is multiplied by it instead.
@@ -30,9 +32,16 @@
 
 #include "native.h"
 
-/* y (rows, out) = x (rows, in) w^T + b, as torch's F.linear (or the layer's own product) */
-static int linear(const struct fh_blas *blas, const float *x, int64_t rows, const struct fh_linear *l, float *y) {
-    if (l->product) return l->product(l->context, x, rows, y);
+/* Scratch of `floats` floats on 64 bytes, as PyTorch's CPU allocator aligns
+ * its tensors (the products' inputs then sit as they do in PyTorch's calls);
+ * NULL where it cannot be allocated. */
+static float *scratch(int64_t floats) {
+    void *memory = 0;
+    return posix_memalign(&memory, 64, (floats > 0 ? floats : 1) * sizeof(float)) ? 0 : memory;
+}
+
+/* y (rows, out) = x (rows, in) w^T + b, as torch's F.linear computes it */
+static void blas_linear(const struct fh_blas *blas, const float *x, int64_t rows, const struct fh_linear *l, float *y) {
     for (int64_t r = 0; r < rows; ++r) {
         if (l->bias) memcpy(y + r * l->out, l->bias, l->out * sizeof *y);
         else memset(y + r * l->out, 0, l->out * sizeof *y);
@@ -43,15 +52,27 @@ static int linear(const struct fh_blas *blas, const float *x, int64_t rows, cons
         blas->gemv("T", &k, &m, &alpha, l->weight, &k, x, &one, &beta, y, &one);
     else
         blas->gemm("T", "N", &m, &n, &k, &alpha, l->weight, &k, x, &k, &beta, y, &m);
-    return 0;
 }
 
-/* Scratch of `floats` floats on 64 bytes, as PyTorch's CPU allocator aligns
- * its tensors (the products' inputs then sit as they do in PyTorch's calls);
- * NULL where it cannot be allocated. */
-static float *scratch(int64_t floats) {
-    void *memory = 0;
-    return posix_memalign(&memory, 64, (floats > 0 ? floats : 1) * sizeof(float)) ? 0 : memory;
+/* the same (or the layer's own product), panel_linear.c's where it gives
+ * the BLAS's bits for these rows */
+static int linear(const struct fh_blas *blas, const float *x, int64_t rows, const struct fh_linear *l, float *y) {
+    if (l->product) return l->product(l->context, x, rows, y);
+    const int threads = l->panels.weight ? blas->threads() : 0;
+    const int use = panel_use(&l->panels, rows, threads);
+    if (use == FH_PANELS_USE) {
+        panel_product(l->panels.weight, l->panels.block, l->bias, l->out, l->in, x, rows, y);
+        return 0;
+    }
+    blas_linear(blas, x, rows, l, y);
+    if (use == FH_PANELS_CHECK) {
+        float *mine = scratch(rows * l->out);
+        if (!mine) return 2;
+        panel_product(l->panels.weight, l->panels.block, l->bias, l->out, l->in, x, rows, mine);
+        panel_checked(&l->panels, rows, threads, !memcmp(mine, y, rows * l->out * sizeof *y));
+        free(mine);
+    }
+    return 0;
 }
 
 /* `floats` rounded up to a multiple of 64 bytes */

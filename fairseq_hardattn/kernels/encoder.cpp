@@ -27,6 +27,8 @@ struct EncoderLayer {
     LinearSpec fc1, fc2;
     NormWeights self_norm, final_norm;
     int64_t heads;
+    // each product's few rows (a sentence or a few) on panel_linear.c's kernel
+    std::shared_ptr<Panelled> q_panels, k_panels, v_panels, out_panels, fc1_panels, fc2_panels;
 };
 
 class Encoder {
@@ -36,7 +38,8 @@ class Encoder {
     void add(LinearWeights q, LinearWeights k, LinearWeights v, LinearWeights out, LinearSpec fc1, LinearSpec fc2,
              NormWeights self_norm, NormWeights final_norm, int64_t heads) {
         require(heads >= 1 && std::get<0>(q).size(0) % heads == 0, "heads that divide the features");
-        layers_.push_back({q, k, v, out, fc1, fc2, self_norm, final_norm, heads});
+        layers_.push_back({q, k, v, out, fc1, fc2, self_norm, final_norm, heads, panelled_of(q), panelled_of(k),
+                           panelled_of(v), panelled_of(out), panelled_of(fc1), panelled_of(fc2)});
     }
 
     // The layers' (and the last norm's) output of x (src_len, sentences,
@@ -53,7 +56,7 @@ class Encoder {
             if (!pre_norm_) x = norm(x, layer.self_norm);
             residual = x;
             if (pre_norm_) x = norm(x, layer.final_norm);
-            x = apply(layer.fc2, at::relu(apply(layer.fc1, x, padded)), padded);
+            x = apply(layer.fc2, layer.fc2_panels, at::relu(apply(layer.fc1, layer.fc1_panels, x, padded)), padded);
             x = residual + x;
             if (!pre_norm_) x = norm(x, layer.final_norm);
         }
@@ -67,9 +70,9 @@ class Encoder {
                                      const std::optional<at::Tensor> &padding) {
         const int64_t tgt_len = x.size(0), bsz = x.size(1), embed = x.size(2), heads = layer.heads;
         const int64_t head_dim = embed / heads;
-        at::Tensor q = at::linear(x, std::get<0>(layer.q), std::get<1>(layer.q));
-        at::Tensor k = at::linear(x, std::get<0>(layer.k), std::get<1>(layer.k));
-        at::Tensor v = at::linear(x, std::get<0>(layer.v), std::get<1>(layer.v));
+        at::Tensor q = (*layer.q_panels)(x);
+        at::Tensor k = (*layer.k_panels)(x);
+        at::Tensor v = (*layer.v_panels)(x);
         std::optional<at::Tensor> mask;
         if (padding) {
             const int64_t src_len = padding->size(1);
@@ -87,7 +90,7 @@ class Encoder {
         v = v.view({bsz, heads, src_len, head_dim});
         at::Tensor attended = at::scaled_dot_product_attention(q, k, v, mask, 0.0, false);
         attended = attended.permute({2, 0, 1, 3}).reshape({bsz * tgt_len, embed});
-        attended = at::linear(attended, std::get<0>(layer.out), std::get<1>(layer.out));
+        attended = (*layer.out_panels)(attended);
         return attended.view({tgt_len, bsz, attended.size(1)});
     }
 

@@ -9,6 +9,7 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -69,7 +70,33 @@ struct Held {
     std::vector<std::shared_ptr<PackedLinear>> packed;
     std::vector<std::shared_ptr<Int8Linear>> int8;
 };
-fh_linear linear_of(const LinearSpec &spec, std::vector<at::Tensor> &kept, Held &held);
+// A float32 layer's panels (panel_linear.c), the weight (out, in) packed and
+// the BLAS's block found against `reference` (the product the panels
+// replace); none (weight NULL) where no block gives its bits. `kept` holds
+// their memory.
+fh_panels panels_of(const at::Tensor &weight, const std::optional<at::Tensor> &bias,
+                    const std::function<at::Tensor(const at::Tensor &)> &reference, std::vector<at::Tensor> &kept);
+fh_linear linear_of(const LinearSpec &spec, std::vector<at::Tensor> &kept, Held &held);  // a float32 layer with its panels
+
+// A float32 Linear layer's product of x (..., in) as `reference` makes it
+// (at::linear, or the mm the projection stands for): panel_product's for
+// the row counts where it gives reference's bits, checked once per row
+// count and thread count; reference's for the others.
+struct Panelled {
+    Panelled(const at::Tensor &weight, std::optional<at::Tensor> bias,
+             std::function<at::Tensor(const at::Tensor &)> reference);
+    at::Tensor operator()(const at::Tensor &x) const;
+    std::function<at::Tensor(const at::Tensor &)> reference;
+    std::optional<at::Tensor> bias;
+    int64_t out, in;
+    fh_panels panels{};
+    std::vector<at::Tensor> kept;
+};
+// a plain float32 layer's Panelled (its reference at::linear); else nullptr
+std::shared_ptr<Panelled> panelled_of(const LinearSpec &spec);
+// apply(), by `panelled` where given
+at::Tensor apply(const LinearSpec &linear, const std::shared_ptr<Panelled> &panelled, const at::Tensor &x,
+                 const std::vector<int64_t> &padded);
 fh_norm norm_of(const NormWeights &weights, int64_t embed, std::vector<at::Tensor> &kept);
 
 struct Source {

@@ -43,6 +43,7 @@ typedef void (*fh_gemv_fn)(const char *trans, const int *m, const int *n, const 
 struct fh_blas {
     fh_gemm_fn gemm;
     fh_gemv_fn gemv;
+    int (*threads)(void); /* the threads its products run on now (PyTorch's setting) */
 };
 
 /* ---- attention steps (step_attention.c) ---- */
@@ -124,18 +125,48 @@ int layer_norm(const float *x, int64_t rows, int64_t n, const float *gamma, cons
 
 /* ---- a decoder layer's sublayers (decoder_sublayers.c) ---- */
 
+/* ---- float32 products of few rows in the BLAS's order (panel_linear.c) ---- */
+
+enum { FH_PANEL_WIDTH = 16 /* output rows packed together */, FH_PANEL_MAX_ROWS = 128 };
+/* A Linear layer's weight packed for panel_product (weight NULL: none),
+ * with the block of the inner dimension the BLAS sums in, and for each row
+ * count up to FH_PANEL_MAX_ROWS whether panel_product gave the BLAS's bits:
+ * checked[rows] t > 0 under t threads, -t not, 0 not tried. */
+struct fh_panels {
+    const float *weight;
+    int64_t block;
+    int16_t *checked; /* (FH_PANEL_MAX_ROWS + 1) */
+};
+enum { FH_PANELS_NOT, FH_PANELS_USE, FH_PANELS_CHECK };
+/* floats of a packed weight of out x in */
+int64_t panel_floats(int64_t out, int64_t in);
+/* w (out, in), element (o, k) at w[o * out_stride + k * in_stride], packed */
+void panel_pack(const float *w, int64_t out, int64_t in, int64_t out_stride, int64_t in_stride, float *panels);
+/* y (rows, out) = b + x (rows, in) w^T, the sum blocks of `block` inner
+ * indices, each from zero in order, added to the bias (or zero) in turn */
+void panel_product(const float *panels, int64_t block, const float *bias, int64_t out, int64_t in, const float *x,
+                   int64_t rows, float *y);
+/* FH_PANELS_USE where panel_product gives the BLAS's bits for `rows` rows
+ * on `threads` threads, FH_PANELS_NOT where it does not (or none is
+ * packed), FH_PANELS_CHECK where untried: the caller then computes both and
+ * records whether they are the same (panel_checked) */
+int panel_use(const struct fh_panels *panels, int64_t rows, int threads);
+void panel_checked(const struct fh_panels *panels, int64_t rows, int threads, int same);
+
 /* A Linear layer's product of another library (oneDNN's packed kernel, an
  * int8 one): y (rows, out) = x (rows, in) w^T + b; returns 0, or 3 where
  * it failed. */
 typedef int (*fh_product_fn)(void *context, const float *x, int64_t rows, float *y);
 /* A float32 Linear layer's weight (out, in) and bias (out) or NULL, its
- * products PyTorch's BLAS calls; or, where `product` is set, that
+ * products PyTorch's BLAS calls, or panel_product with the BLAS's bits
+ * where `panels` holds a packed weight; or, where `product` is set, that
  * function's, given `context`. */
 struct fh_linear {
     const float *weight, *bias;
     int64_t out, in;
     fh_product_fn product;
     void *context;
+    struct fh_panels panels;
 };
 struct fh_norm {
     const float *weight, *bias;

@@ -22,6 +22,8 @@
 #include <limits>
 #include <numeric>
 
+#include <ATen/Parallel.h>
+
 #include "module.h"
 
 namespace py = pybind11;
@@ -32,7 +34,7 @@ namespace {
 // How a step's features become logits: oneDNN's packed Linear
 // (``packed_linear.py``) or an int8 one, ``block`` rows at a time; or an
 // ``mm`` with the output projection's weight transposed (the whole step at
-// once).
+// once; panel_linear.c's product with its bits for few rows).
 struct Projection {
     Projection(std::optional<at::Tensor> transposed, std::shared_ptr<PackedLinear> packed,
                std::shared_ptr<Int8Linear> int8, int64_t block)
@@ -42,6 +44,8 @@ struct Projection {
         if (this->transposed) {
             check_tensor(*this->transposed, at::kFloat, "the projection's transposed weight", true);
             require(this->transposed->dim() == 2, "the (features, vocab) transposed weight");
+            const at::Tensor t = *this->transposed;
+            panelled = std::make_shared<Panelled>(t.t(), std::nullopt, [t](const at::Tensor &x) { return at::mm(x, t); });
         }
         require(block >= 1, "a block of rows");
     }
@@ -49,7 +53,7 @@ struct Projection {
     // logits (rows, vocab) of features (rows, features), contiguous
     at::Tensor operator()(const at::Tensor &features, const std::vector<int64_t> &padded) const {
         if (int8) return (*int8)(features);
-        return packed ? (*packed)(features, padded) : at::mm(features, *transposed);
+        return packed ? (*packed)(features, padded) : (*panelled)(features);
     }
 
     // whether the logits are made a block of rows at a time
@@ -59,6 +63,7 @@ struct Projection {
     std::shared_ptr<PackedLinear> packed;
     std::shared_ptr<Int8Linear> int8;
     int64_t block;
+    std::shared_ptr<Panelled> panelled;  // the transposed weight's mm
 };
 
 // A packed Linear's product within one search: its rows padded by the search's table.
