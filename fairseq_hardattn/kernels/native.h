@@ -127,7 +127,7 @@ int layer_norm(const float *x, int64_t rows, int64_t n, const float *gamma, cons
 
 /* ---- float32 products of few rows in the BLAS's order (panel_linear.c) ---- */
 
-enum { FH_PANEL_WIDTH = 16 /* output rows packed together */, FH_PANEL_MAX_ROWS = 128 };
+enum { FH_PANEL_WIDTH = 16 /* output rows packed together */, FH_PANEL_MAX_ROWS = 1024 };
 /* A Linear layer's weight packed for panel_product (weight NULL: none),
  * with the block of the inner dimension the BLAS sums in, and for each row
  * count up to FH_PANEL_MAX_ROWS whether panel_product gave the BLAS's bits:

@@ -18,7 +18,8 @@
  * (bindings.cpp), and each row count is checked once per thread count
  * against the BLAS's own result (panel_use / panel_checked) before these
  * products replace it. Every vector width below computes the same
- * fused sums in the same order, so the same bits. */
+ * fused sums in the same order, so the same bits; the panels split over
+ * torch's OpenMP threads (parallel_rows.h), each output's sum whole. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -27,6 +28,7 @@
 #endif
 
 #include "native.h"
+#include "parallel_rows.h"
 
 enum { WIDTH = FH_PANEL_WIDTH, TILE = 4 };
 
@@ -105,14 +107,33 @@ static void panel_tile(const float *x, int64_t in, int rows, const float *panel,
 }
 #endif
 
-void panel_product(const float *panels, int64_t block, const float *bias, int64_t out, int64_t in, const float *x,
-                   int64_t rows, float *y) {
-    for (int64_t j = 0; j * WIDTH < out; ++j) {
+/* panels [first, end) of the product */
+static void panel_range(const float *panels, int64_t block, const float *bias, int64_t out, int64_t in,
+                        const float *x, int64_t rows, float *y, int64_t first, int64_t end) {
+    for (int64_t j = first; j < end; ++j) {
         const int cols = out - j * WIDTH < WIDTH ? (int)(out - j * WIDTH) : WIDTH;
         for (int64_t r = 0; r < rows; r += TILE)
             panel_tile(x + r * in, in, rows - r < TILE ? (int)(rows - r) : TILE, panels + j * in * WIDTH,
                        bias ? bias + j * WIDTH : 0, cols, block, y + r * out + j * WIDTH, out);
     }
+}
+
+void panel_product(const float *panels, int64_t block, const float *bias, int64_t out, int64_t in, const float *x,
+                   int64_t rows, float *y) {
+    const int64_t n_panels = (out + WIDTH - 1) / WIDTH;
+    const int threads = row_threads(n_panels, 2, (double)rows * WIDTH * in);
+    if (threads == 1) {
+        panel_range(panels, block, bias, out, in, x, rows, y, 0, n_panels);
+        return;
+    }
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads)
+    {
+        int64_t first, end;
+        row_share(n_panels, omp_get_thread_num(), omp_get_num_threads(), &first, &end);
+        panel_range(panels, block, bias, out, in, x, rows, y, first, end);
+    }
+#endif
 }
 
 int panel_use(const struct fh_panels *panels, int64_t rows, int threads) {

@@ -87,7 +87,8 @@ def test_every_product_has_linears_bits(out, inner, with_bias, threads):
         weight = torch.randn(out, inner, generator=generator) * 0.1
         bias = torch.randn(out, generator=generator) * 0.1 if with_bias else None
         layer = kernels.native().Panelled(weight, bias)
-        row_counts = list(range(1, 14)) + [31, 64, kernels.native().PANEL_MAX_ROWS, 200]
+        most = kernels.native().PANEL_MAX_ROWS
+        row_counts = list(range(1, 14)) + [31, 64, 200, most, most + 3]
         # first the checks (the BLAS's product kept), then products the panels may make
         for _ in range(2):
             for rows in row_counts:
