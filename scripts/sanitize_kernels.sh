@@ -30,7 +30,7 @@ export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 # half of make test's randomized differential slice: its shapes drive the kernels, in a single process
 export FAIRSEQ_HARDATTN_DIFF_CASES=${FAIRSEQ_HARDATTN_DIFF_CASES:-300}
-tests=(tests/unit/test_beam_search.py tests/unit/test_direct_step.py tests/unit/test_native_search.py tests/unit/test_int8.py tests/unit/test_sampling.py tests/command_line/test_decoding_workers.py tests/unit/test_flexible_and_local.py
+tests=(tests/unit/test_beam_search.py tests/unit/test_panel_linear.py tests/unit/test_direct_step.py tests/unit/test_native_search.py tests/unit/test_int8.py tests/unit/test_sampling.py tests/command_line/test_decoding_workers.py tests/unit/test_flexible_and_local.py
        tests/unit/test_fairseq_transformers.py)
 [ -f tests/unit/test_differential.py ] && tests+=(tests/unit/test_differential.py)
 # GCC 12's AddressSanitizer does not lock its allocator across fork(): a
