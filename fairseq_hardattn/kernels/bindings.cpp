@@ -172,9 +172,12 @@ fh_panels panels_of(const at::Tensor &weight, const std::optional<at::Tensor> &b
     at::Tensor packed = at::empty({panel_floats(out, in)}, at::kFloat);
     panel_pack(weight.data_ptr<float>(), out, in, weight.stride(0), weight.stride(1), packed.data_ptr<float>());
     const float *b = bias ? bias->data_ptr<float>() : nullptr;
-    // the blocks tried: the whole inner dimension, then multiples of 64
+    // the blocks tried: the whole inner dimension, the blocks MKL was seen to
+    // use (192, 128), then the other multiples of 64
     std::vector<int64_t> blocks{in};
-    for (int64_t block = 64; block < in; block += 64) blocks.push_back(block);
+    for (int64_t block : {192, 128}) if (block < in) blocks.push_back(block);
+    for (int64_t block = 64; block < in; block += 64)
+        if (block != 192 && block != 128) blocks.push_back(block);
     c10::NoGradGuard no_grad;
     for (int64_t rows : {8, 4}) {
         // rows of varied values, none drawn from the process's generators

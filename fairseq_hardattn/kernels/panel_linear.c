@@ -31,14 +31,20 @@
 #include "parallel_rows.h"
 
 enum { WIDTH = FH_PANEL_WIDTH, TILE = 4 };
+#define PANEL_PARALLEL_WORK (1 << 20)
 
 int64_t panel_floats(int64_t out, int64_t in) { return (out + WIDTH - 1) / WIDTH * in * WIDTH; }
 
 void panel_pack(const float *w, int64_t out, int64_t in, int64_t out_stride, int64_t in_stride, float *panels) {
-    memset(panels, 0, panel_floats(out, in) * sizeof *panels);
-    for (int64_t o = 0; o < out; ++o)
-        for (int64_t k = 0; k < in; ++k)
-            panels[(o / WIDTH) * in * WIDTH + k * WIDTH + o % WIDTH] = w[o * out_stride + k * in_stride];
+    for (int64_t first = 0; first < out; first += WIDTH) {
+        const int64_t lanes = out - first < WIDTH ? out - first : WIDTH;
+        float *panel = panels + first * in;
+        for (int64_t k = 0; k < in; ++k) {
+            const float *column = w + first * out_stride + k * in_stride;
+            for (int64_t lane = 0; lane < WIDTH; ++lane)
+                panel[k * WIDTH + lane] = lane < lanes ? column[lane * out_stride] : 0.0f;
+        }
+    }
 }
 
 /* Up to TILE rows of x (row stride `in`) times one panel: `cols` outputs
@@ -121,7 +127,10 @@ static void panel_range(const float *panels, int64_t block, const float *bias, i
 void panel_product(const float *panels, int64_t block, const float *bias, int64_t out, int64_t in, const float *x,
                    int64_t rows, float *y) {
     const int64_t n_panels = (out + WIDTH - 1) / WIDTH;
-    const int threads = row_threads(n_panels, 2, (double)rows * WIDTH * in);
+    // (at this kernel's rate a product under PANEL_PARALLEL_WORK multiply-adds
+    // takes less time than waking the thread pool)
+    const double work = (double)rows * out * in;
+    const int threads = work < PANEL_PARALLEL_WORK ? 1 : row_threads(n_panels, 2, (double)rows * WIDTH * in);
     if (threads == 1) {
         panel_range(panels, block, bias, out, in, x, rows, y, 0, n_panels);
         return;

@@ -119,3 +119,19 @@ def test_a_count_checked_under_other_threads_is_checked_again():
             assert abs(layer.checked(8)) == threads
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_sublayers_products_keep_linears_bits_once_the_panels_take_them():
+    """The native decoder's products: a feed-forward sublayer called again
+    and again at each row count (the first call checks the panels, the
+    later ones may use them) gives PyTorch's sublayer every time."""
+    generator = torch.Generator().manual_seed(7)
+    fc1 = (torch.randn(256, 128, generator=generator) * 0.1, torch.randn(256, generator=generator) * 0.1)
+    fc2 = (torch.randn(128, 256, generator=generator) * 0.1, torch.randn(128, generator=generator) * 0.1)
+    layers = kernels.feed_forward(fc1, fc2)
+    for _ in range(3):
+        for rows in (1, 3, 4, 8, 13, 64, 300):
+            x = torch.randn(rows, 128, generator=generator)
+            residual = torch.randn(rows, 128, generator=generator)
+            expected = residual + F.linear(torch.relu(F.linear(x, *fc1)), *fc2)
+            assert torch.equal(kernels.feed_forward_sublayer(layers, x, residual), expected), rows
