@@ -207,7 +207,7 @@ at::Tensor Panelled::operator()(const at::Tensor &x) const {
     const int64_t rows = x.numel() / in;
     const int threads = panels.weight ? at::get_num_threads() : 0;
     const int use = panel_use(&panels, rows, threads);
-    if (use == FH_PANELS_NOT || x.scalar_type() != at::kFloat) return reference(x);
+    if (use == FH_PANELS_NOT || x.scalar_type() != at::kFloat || !x.device().is_cpu()) return reference(x);
     std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
     shape.back() = out;
     auto made = [&] {
