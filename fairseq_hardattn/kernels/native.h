@@ -123,8 +123,6 @@ struct fh_norm_variant {
 int layer_norm(const float *x, int64_t rows, int64_t n, const float *gamma, const float *beta, float eps,
                struct fh_norm_variant variant, float *y);
 
-/* ---- a decoder layer's sublayers (decoder_sublayers.c) ---- */
-
 /* ---- float32 products of few rows in the BLAS's order (panel_linear.c) ---- */
 
 enum { FH_PANEL_WIDTH = 16 /* output rows packed together */, FH_PANEL_MAX_ROWS = 1024 };
@@ -152,6 +150,8 @@ void panel_product(const float *panels, int64_t block, const float *bias, int64_
  * records whether they are the same (panel_checked) */
 int panel_use(const struct fh_panels *panels, int64_t rows, int threads);
 void panel_checked(const struct fh_panels *panels, int64_t rows, int threads, int same);
+
+/* ---- a decoder layer's sublayers (decoder_sublayers.c) ---- */
 
 /* A Linear layer's product of another library (oneDNN's packed kernel, an
  * int8 one): y (rows, out) = x (rows, in) w^T + b; returns 0, or 3 where

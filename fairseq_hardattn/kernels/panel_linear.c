@@ -13,7 +13,7 @@
  * FH_PANEL_WIDTH output rows, the inner index outermost), so the same bits
  * for a fraction of the time. Which block the BLAS uses, and whether it
  * keeps the formula for a given number of rows and threads (a row count
- * it splits over threads, or one or two rows, take other kernels), is not
+ * it splits over threads, or one to three rows, take other kernels), is not
  * assumed: the caller finds the block on the layer's own weight
  * (bindings.cpp), and each row count is checked once per thread count
  * against the BLAS's own result (panel_use / panel_checked) before these
