@@ -7,6 +7,7 @@
 #include <dlfcn.h>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <pybind11/stl.h>
@@ -17,8 +18,6 @@
 #include <vector>
 
 #include "native.h"
-#include <ATen/Parallel.h>
-
 #include "module.h"
 
 namespace py = pybind11;
@@ -166,11 +165,18 @@ at::Tensor apply(const LinearSpec &linear, const at::Tensor &x, const std::vecto
     return packed(x.reshape({rows, width}), padded).view(shape);
 }
 
+// weight (out, in), any strides, packed for panel_product
+static at::Tensor packed_panels(const at::Tensor &weight) {
+    at::Tensor packed = at::empty({panel_floats(weight.size(0), weight.size(1))}, at::kFloat);
+    panel_pack(weight.data_ptr<float>(), weight.size(0), weight.size(1), weight.stride(0), weight.stride(1),
+               packed.data_ptr<float>());
+    return packed;
+}
+
 fh_panels panels_of(const at::Tensor &weight, const std::optional<at::Tensor> &bias,
                     const std::function<at::Tensor(const at::Tensor &)> &reference, std::vector<at::Tensor> &kept) {
     const int64_t out = weight.size(0), in = weight.size(1);
-    at::Tensor packed = at::empty({panel_floats(out, in)}, at::kFloat);
-    panel_pack(weight.data_ptr<float>(), out, in, weight.stride(0), weight.stride(1), packed.data_ptr<float>());
+    const at::Tensor packed = packed_panels(weight);
     const float *b = bias ? bias->data_ptr<float>() : nullptr;
     // the blocks tried: the whole inner dimension, the blocks MKL was seen to
     // use (192, 128), then the other multiples of 64
@@ -527,8 +533,7 @@ at::Tensor panel_product_binding(const at::Tensor &x, const at::Tensor &weight, 
     features_checked(x, in, "x");
     if (bias) check_tensor(*bias, at::kFloat, "bias", true);
     require(!bias || bias->numel() == out, "bias: (out,)");
-    at::Tensor packed = at::empty({panel_floats(out, in)}, at::kFloat);
-    panel_pack(weight.data_ptr<float>(), out, in, weight.stride(0), weight.stride(1), packed.data_ptr<float>());
+    const at::Tensor packed = packed_panels(weight);
     at::Tensor y = at::empty({x.size(0), out}, x.options());
     panel_product(packed.data_ptr<float>(), block, bias ? bias->data_ptr<float>() : nullptr, out, in,
                   x.data_ptr<float>(), x.size(0), y.data_ptr<float>());

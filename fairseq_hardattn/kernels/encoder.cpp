@@ -23,12 +23,13 @@ at::Tensor norm(const at::Tensor &x, const NormWeights &weights) {
 }
 
 struct EncoderLayer {
-    LinearWeights q, k, v, out;
+    // the attention's products, their few rows (a sentence or a few) on
+    // panel_linear.c's kernel; the feed-forward's too where they are plain
+    std::shared_ptr<Panelled> q, k, v, out;
     LinearSpec fc1, fc2;
+    std::shared_ptr<Panelled> fc1_panels, fc2_panels;
     NormWeights self_norm, final_norm;
     int64_t heads;
-    // each product's few rows (a sentence or a few) on panel_linear.c's kernel
-    std::shared_ptr<Panelled> q_panels, k_panels, v_panels, out_panels, fc1_panels, fc2_panels;
 };
 
 class Encoder {
@@ -38,8 +39,8 @@ class Encoder {
     void add(LinearWeights q, LinearWeights k, LinearWeights v, LinearWeights out, LinearSpec fc1, LinearSpec fc2,
              NormWeights self_norm, NormWeights final_norm, int64_t heads) {
         require(heads >= 1 && std::get<0>(q).size(0) % heads == 0, "heads that divide the features");
-        layers_.push_back({q, k, v, out, fc1, fc2, self_norm, final_norm, heads, panelled_of(q), panelled_of(k),
-                           panelled_of(v), panelled_of(out), panelled_of(fc1), panelled_of(fc2)});
+        layers_.push_back({panelled_of(q), panelled_of(k), panelled_of(v), panelled_of(out), fc1, fc2,
+                           panelled_of(fc1), panelled_of(fc2), self_norm, final_norm, heads});
     }
 
     // The layers' (and the last norm's) output of x (src_len, sentences,
@@ -70,9 +71,9 @@ class Encoder {
                                      const std::optional<at::Tensor> &padding) {
         const int64_t tgt_len = x.size(0), bsz = x.size(1), embed = x.size(2), heads = layer.heads;
         const int64_t head_dim = embed / heads;
-        at::Tensor q = (*layer.q_panels)(x);
-        at::Tensor k = (*layer.k_panels)(x);
-        at::Tensor v = (*layer.v_panels)(x);
+        at::Tensor q = (*layer.q)(x);
+        at::Tensor k = (*layer.k)(x);
+        at::Tensor v = (*layer.v)(x);
         std::optional<at::Tensor> mask;
         if (padding) {
             const int64_t src_len = padding->size(1);
@@ -90,7 +91,7 @@ class Encoder {
         v = v.view({bsz, heads, src_len, head_dim});
         at::Tensor attended = at::scaled_dot_product_attention(q, k, v, mask, 0.0, false);
         attended = attended.permute({2, 0, 1, 3}).reshape({bsz * tgt_len, embed});
-        attended = (*layer.out_panels)(attended);
+        attended = (*layer.out)(attended);
         return attended.view({tgt_len, bsz, attended.size(1)});
     }
 

@@ -22,8 +22,6 @@
 #include <limits>
 #include <numeric>
 
-#include <ATen/Parallel.h>
-
 #include "module.h"
 
 namespace py = pybind11;
