@@ -7,12 +7,13 @@ operator calls around the kernels, which cost more than the arithmetic
 when few hypotheses are left: one sentence at a time, the tail of every
 batch.
 
-It runs beam search with one model whose decoder the direct step takes
+It runs beam search, and sampling with one sample a sentence (``--beam 1``,
+top-k or every token: back-translation's), with one model whose decoder the direct step takes
 (``direct_step``: fairseq's layers, attention kinds with a native step,
 every norm ``layer_norm.c``'s, every Linear layer plain float32 or on
 oneDNN's packed kernel) and whose output projection is oneDNN's packed
-Linear or a plain one without a bias; not sampling, an ensemble, a prefix, n-gram
-blocking or a shortlist (``why_not`` says what keeps a call on the Python
+Linear or a plain one without a bias; not several samples a sentence, a
+nucleus, an ensemble, a prefix, n-gram blocking or a shortlist (``why_not`` says what keeps a call on the Python
 search; logged at debug). The same hypotheses and scores as the Python
 search, bit for bit: the same operations on the same tensors.
 """
@@ -34,6 +35,8 @@ from . import direct_step, engines
 from .int8 import Int8Linear
 from .packed_linear import onednn_linear_available, packable, packed_of
 from .row_shapes import padded_rows
+from .read_ahead import sentence_ids
+from . import sampling
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +46,12 @@ def why_not(generator, models, src_tokens: Tensor, prefix_tokens: Optional[Tenso
     (``PluginBeamSearch``; ``NativeModel.of`` checks the layers' parts);
     else what keeps it on the Python search."""
     if generator.sampling:
-        return "sampling"
+        if generator.beam_size != 1:
+            return "sampling several samples a sentence (--beam above 1)"
+        if generator.search.sampling_topp > 0:
+            return "nucleus sampling (--sampling-topp)"
+        if not sampling.kernel_draws_available():
+            return "sampling without the native generators (their draws are not this PyTorch's)"
     if len(models) != 1:
         return "an ensemble"
     if prefix_tokens is not None:
@@ -151,6 +159,10 @@ class NativeModel:
         padded = _padded_rows_table(max(bsz * generator.beam_size, self.projection_block, bsz * src_len))
         encoder_out = encode(model, self.encoder, net_input, padded)
         padding = encoder_out["encoder_padding_mask"]
+        generators = None
+        if generator.sampling:
+            generators = kernels.sentence_generators(
+                [sampling.sentence_seed(generator.seed, i) for i in sentence_ids(sample)])
         found = kernels.native().beam_search(
             decoder=self.layers, source_weights=self.source_weights, encoder_out=encoder_out["encoder_out"][0],
             encoder_padding=padding[0] if padding else None, embed_weight=self.embed_weight,
@@ -159,7 +171,9 @@ class NativeModel:
             min_len=generator.min_len, bos=generator.eos if bos_token is None else bos_token, eos=generator.eos,
             pad=generator.pad, pad_column=generator.pad, unk=generator.unk, vocab=generator.vocab_size,
             unk_penalty=float(generator.unk_penalty), temperature=float(generator.temperature),
-            len_penalty=float(generator.len_penalty), normalize_scores=bool(generator.normalize_scores))
+            len_penalty=float(generator.len_penalty), normalize_scores=bool(generator.normalize_scores),
+            sampling=generator.sampling, topk=max(int(generator.search.sampling_topk), 0) if generator.sampling else 0,
+            generators=generators)
         empty = torch.empty(0)
         return [[{"tokens": tokens, "score": score, "attention": empty, "alignment": empty,
                   "positional_scores": scores} for tokens, score, scores in hypotheses] for hypotheses in found]

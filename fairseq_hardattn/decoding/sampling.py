@@ -137,11 +137,16 @@ _checked: Dict[str, bool] = {}
 def kernel_generators(seeds: List[int]) -> Optional[Tensor]:
     """The generators seeded with ``seeds`` in C (``kernels.sentence_generators``),
     or None: no kernel, or its draws are not this PyTorch's."""
+    return kernels.sentence_generators(seeds) if kernel_draws_available() else None
+
+
+def kernel_draws_available() -> bool:
+    """Whether the C generators draw this PyTorch's numbers (checked once a process)."""
     if not kernels.available():
-        return None
+        return False
     if "draws" not in _checked:
         _checked["draws"] = _kernel_draws_are_torchs()
-    return kernels.sentence_generators(seeds) if _checked["draws"] else None
+    return _checked["draws"]
 
 
 def _kernel_draws_are_torchs() -> bool:

@@ -8,9 +8,12 @@
 //
 // It is decoding/beam_search.py's search, step for step: the same
 // operations on the same tensors in the same order, so the same hypotheses
-// and scores, bit for bit (tests/unit/test_native_search.py). What it does
-// not run (sampling, an ensemble, a prefix, n-gram blocking, a shortlist, a
-// layer or projection that is not plain float32) stays the Python search's.
+// and scores, bit for bit (tests/unit/test_native_search.py). Sampling with
+// one sample a sentence is decoding/sampling.py's draws, each sentence from
+// its own generator (sentence_draws.c). What it does not run (several
+// samples a sentence, a nucleus, an ensemble, a prefix, n-gram blocking, a
+// shortlist, a layer or projection that is not plain float32) stays the
+// Python search's.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
@@ -88,6 +91,8 @@ struct Settings {
     int64_t beam, max_len, min_len, bos, eos, pad_token, pad_column, unk, vocab;
     double unk_penalty, temperature, len_penalty;
     bool normalize_scores;
+    bool sampling;  // one sample a sentence (beam 1), among the `topk` most probable tokens (0: all)
+    int64_t topk;
 };
 
 // One layer's encoder part: its cross-attention's keys and values of each
@@ -121,7 +126,8 @@ class BeamSearch {
     BeamSearch(DecoderLayers &decoder, const std::vector<std::tuple<LinearSpec, LinearSpec>> &source_weights,
                const at::Tensor &encoder_out, const std::optional<at::Tensor> &encoder_padding,
                const at::Tensor &embed_weight, double embed_scale, const std::optional<at::Tensor> &positions,
-               const Projection &projection, std::vector<int64_t> padded, const Settings &settings)
+               const Projection &projection, std::vector<int64_t> padded, const Settings &settings,
+               const std::optional<at::Tensor> &generators)
         : decoder_(decoder), projection_(projection), padded_(std::move(padded)), s_(settings), embed_(embed_weight),
           embed_scale_(static_cast<float>(embed_scale)) {
         check_tensor(encoder_out, at::kFloat, "the encoder's output", false);
@@ -131,6 +137,14 @@ class BeamSearch {
         require(static_cast<size_t>(decoder.layers.size()) == source_weights.size(), "each layer's source projections");
         bsz_ = encoder_out.size(1);
         rows0_ = bsz_ * s_.beam;
+        if (s_.sampling) {
+            require(s_.beam == 1 && generators.has_value(), "sampling: one sample a sentence, each sentence's generator");
+            check_tensor(*generators, at::kInt, "the sentences' generators", true);
+            require(generators->dim() == 2 && generators->size(0) == bsz_ &&
+                        generators->size(1) == FH_GENERATOR_STATE_WORDS,
+                    "a generator state (GENERATOR_STATE_WORDS) per sentence");
+            generators_ = *generators;
+        }
         capacity_ = s_.max_len + 1;
         const at::Tensor encoder = encoder_out.contiguous();
         if (positions) {
@@ -179,7 +193,7 @@ class BeamSearch {
         step_scores_ = at::empty({capacity_, rows0_}, floats);
         step_parents_ = at::empty({capacity_, rows0_}, longs);
         features_ = at::empty({rows0_, decoder.embed}, floats);
-        candidates_ = std::min<int64_t>(2 * s_.beam, s_.vocab);
+        candidates_ = s_.sampling ? std::min<int64_t>(s_.topk, s_.vocab) : std::min<int64_t>(2 * s_.beam, s_.vocab);
         top_values_ = at::empty({rows0_, candidates_}, floats);
         top_tokens_ = at::empty({rows0_, candidates_}, longs);
         normalisers_ = at::empty({rows0_, 1}, floats);
@@ -216,8 +230,10 @@ class BeamSearch {
             set_step(step, rows);
             const int64_t group = step == 0 ? 1 : beam;
             decode(last, rows, step, group, sentences);
-            const int64_t width = step == 0 ? first_candidates : sentence_candidates;
-            if (step < s_.max_len) {
+            const int64_t width = s_.sampling ? beam : step == 0 ? first_candidates : sentence_candidates;
+            if (s_.sampling) {
+                sample(step, rows, sentences, scores, sentence_scores, cand_beams, cand_tokens);
+            } else if (step < s_.max_len) {
                 candidates(rows, step);
                 select(step, bsz, rows, width, scores, sentence_scores, cand_beams, cand_tokens);
             } else {
@@ -374,6 +390,68 @@ class BeamSearch {
             }
     }
 
+    // Sampling's step (decoding/sampling.py's SentenceDraws.step, one sample
+    // a sentence): each row's draw among its log-probabilities (its `topk`
+    // best, or all), `probs / q` at its largest with q the sentence's
+    // generator's exponential draws (PyTorch's multinomial of one sample).
+    void sample(int64_t step, int64_t rows, const std::vector<int64_t> &sentences, const std::vector<float> &scores,
+                std::vector<float> &sentence_scores, std::vector<int64_t> &cand_beams,
+                std::vector<int64_t> &cand_tokens) {
+        at::Tensor probs, tokens;  // (rows, 1, drawn among); tokens undefined: every token, by its index
+        if (step < s_.max_len && s_.topk > 0) {  // the kernel's candidates, as the Python search's
+            candidates(rows, step);
+            probs = at::exp(at::sub(top_values_.narrow(0, 0, rows), normalisers_.narrow(0, 0, rows)))
+                        .view({rows, 1, candidates_});
+            tokens = top_tokens_.narrow(0, 0, rows).view({rows, 1, candidates_});
+        } else {
+            const at::Tensor lprobs = log_probs(rows, step).view({rows, 1, s_.vocab});
+            if (s_.topk > 0) {
+                auto [values, best] = at::topk(lprobs, s_.topk);
+                probs = at::exp(values);
+                tokens = best;
+            } else {
+                probs = at::exp(lprobs);
+            }
+        }
+        const int64_t among = probs.size(2);
+        at::Tensor q = at::empty_like(probs, at::MemoryFormat::Contiguous);
+        uint32_t *states = reinterpret_cast<uint32_t *>(generators_.data_ptr<int32_t>());
+        for (int64_t r = 0; r < rows; ++r)
+            exponential_draws(states + sentences[r] * FH_GENERATOR_STATE_WORDS, 1, among, 1,
+                              q.data_ptr<float>() + r * among);
+        const at::Tensor drawn = at::argmax(at::div(probs, q), 2).unsqueeze(2);
+        const at::Tensor logs = at::log(at::gather(probs, 2, drawn)).contiguous();
+        const at::Tensor picked = (tokens.defined() ? at::gather(tokens, 2, drawn) : drawn).contiguous();
+        const float *log_prob = logs.data_ptr<float>();
+        const int64_t *token = picked.data_ptr<int64_t>();
+        sentence_scores.assign(rows, 0.0f);
+        cand_beams.assign(rows, 0);
+        cand_tokens.assign(rows, 0);
+        for (int64_t r = 0; r < rows; ++r) {
+            sentence_scores[r] = step == 0 ? log_prob[r] : log_prob[r] + scores[r];
+            cand_tokens[r] = token[r];
+        }
+    }
+
+    // A step's log-probabilities (rows, vocab), the special columns set on
+    // the logits as the Python search's step sets them where it reads every
+    // token's.
+    at::Tensor log_probs(int64_t rows, int64_t step) {
+        at::Tensor logits = projection_(features_.narrow(0, 0, rows), padded_);
+        if (s_.temperature != 1.0) logits = at::div(logits, s_.temperature);
+        const at::Tensor normaliser = at::logsumexp(logits, {1}, true);
+        const double minus_inf = -std::numeric_limits<double>::infinity();
+        if (s_.pad_column >= 0) logits.select(1, s_.pad_column).fill_(minus_inf);
+        if (s_.unk_penalty != 0.0) logits.select(1, s_.unk).sub_(s_.unk_penalty);
+        if (step >= s_.max_len) {
+            logits.narrow(1, 0, s_.eos).fill_(minus_inf);
+            logits.narrow(1, s_.eos + 1, s_.vocab - s_.eos - 1).fill_(minus_inf);
+        } else if (step < s_.min_len) {
+            logits.select(1, s_.eos).fill_(minus_inf);
+        }
+        return at::sub(logits, normaliser);
+    }
+
     // The last step (max_len): every hypothesis ends with EOS, its
     // log-probability against PyTorch's logsumexp of the step's logits (the
     // Python search's step there); each row's other candidates are -inf.
@@ -460,6 +538,7 @@ class BeamSearch {
     std::vector<fh_decoder_layer> layers_;
     std::vector<SourceCache> sources_;
     std::vector<at::Tensor> lineage_keys_, lineage_values_;
+    at::Tensor generators_;  // sampling: each sentence's generator state
     at::Tensor ancestors_, moved_, step_tokens_, step_scores_, step_parents_, features_;
     at::Tensor top_values_, top_tokens_, normalisers_;
     std::vector<int64_t> special_columns_[2];
@@ -481,17 +560,19 @@ void register_search(py::module_ &m) {
            const at::Tensor &embed_weight, double embed_scale, const std::optional<at::Tensor> &positions,
            const Projection &projection, std::vector<int64_t> padded_rows, int64_t beam, int64_t max_len, int64_t min_len, int64_t bos, int64_t eos,
            int64_t pad, int64_t pad_column, int64_t unk, int64_t vocab, double unk_penalty, double temperature,
-           double len_penalty, bool normalize_scores) {
+           double len_penalty, bool normalize_scores, bool sampling, int64_t topk,
+           const std::optional<at::Tensor> &generators) {
             require(beam >= 1 && vocab >= 2 && max_len >= min_len, "beam >= 1, a vocabulary, min_len <= max_len");
-            const Settings settings{beam,  max_len,     min_len,     bos,         eos,        pad,
-                                    pad_column, unk, vocab, unk_penalty, temperature, len_penalty,
-                                    normalize_scores};
+            require(topk >= 0, "topk >= 0");
+            const Settings settings{beam,       max_len, min_len, bos,         eos,         pad,
+                                    pad_column, unk,     vocab,   unk_penalty, temperature, len_penalty,
+                                    normalize_scores, sampling, topk};
             std::vector<std::vector<Hypothesis>> found;
             {
                 py::gil_scoped_release released;
                 c10::NoGradGuard no_grad;
                 BeamSearch search(decoder, source_weights, encoder_out, encoder_padding, embed_weight, embed_scale,
-                                  positions, projection, std::move(padded_rows), settings);
+                                  positions, projection, std::move(padded_rows), settings, generators);
                 found = search.run();
             }
             py::list sentences;
@@ -507,7 +588,8 @@ void register_search(py::module_ &m) {
         py::arg("encoder_padding"), py::arg("embed_weight"), py::arg("embed_scale"), py::arg("positions"),
         py::arg("projection"), py::arg("padded_rows"), py::arg("beam"), py::arg("max_len"), py::arg("min_len"), py::arg("bos"),
         py::arg("eos"), py::arg("pad"), py::arg("pad_column"), py::arg("unk"), py::arg("vocab"),
-        py::arg("unk_penalty"), py::arg("temperature"), py::arg("len_penalty"), py::arg("normalize_scores"));
+        py::arg("unk_penalty"), py::arg("temperature"), py::arg("len_penalty"), py::arg("normalize_scores"),
+        py::arg("sampling") = false, py::arg("topk") = 0, py::arg("generators") = std::nullopt);
 }
 
 }  // namespace fairseq_hardattn

@@ -53,8 +53,41 @@ def test_the_native_search_decodes_the_python_searchs_bits(arch, option, monkeyp
     assert_identical(native, python)
 
 
+# sampling with one sample a sentence (back-translation's): the options the native search takes
+SAMPLING = {
+    "top-k 5": dict(topk=5),
+    "every token": dict(topk=-1),
+    "top-k 5, temperature, unk penalty, min_len": dict(topk=5, temperature=0.7, unk_penalty=1.5, min_len=3),
+    "every token, temperature, unk penalty, min_len": dict(topk=-1, temperature=1.3, unk_penalty=-0.5, min_len=2),
+    "to max_len": dict(topk=5, max_len_b=2),
+}
+
+
+def sampling_options(dictionary, case: str) -> dict:
+    options = dict(beam_size=1, max_len_b=30, seed=11)
+    options.update(SAMPLING[case])
+    options["search_strategy"] = Sampling(dictionary, options.pop("topk"))
+    return options
+
+
+@pytest.mark.parametrize("case", sorted(SAMPLING))
+@pytest.mark.parametrize("arch", NATIVE_ARCHS)
+def test_sampling_natively_draws_the_python_searchs_samples(arch, case, monkeypatch):
+    d = make_dictionary(8)  # (few tokens: EOS among a row's best 5 often enough that samples end)
+    torch.manual_seed(0)
+    model = build_model(arch, d).float().eval()  # (as built: samples differ from the most probable tokens)
+    sample = sample_of(d, lengths=(9, 7, 6, 4, 3, 8, 5, 2), ids=[4, 0, 9, 2, 7, 1, 3, 30])
+    native, batches = decode(model, d, sample, True, monkeypatch, **sampling_options(d, case))
+    python, none = decode(model, d, sample, False, monkeypatch, **sampling_options(d, case))
+    assert batches == 1 and none == 0
+    assert_identical(native, python)
+    if case != "to max_len":
+        assert len({len(h[0]["tokens"]) for h in python}) > 3  # (samples that end at several steps)
+
+
+@pytest.mark.parametrize("sampled", [False, True])
 @pytest.mark.parametrize("block", [5, 256])
-def test_a_packed_output_projection_in_blocks_of_rows(block, monkeypatch):
+def test_a_packed_output_projection_in_blocks_of_rows(block, sampled, monkeypatch):
     """oneDNN's packed output projection (a vocabulary large enough to pack),
     a block of rows at a time as the Python search makes it: the same bits."""
     if not packed_linear.onednn_linear_available():
@@ -69,8 +102,9 @@ def test_a_packed_output_projection_in_blocks_of_rows(block, monkeypatch):
     with torch.no_grad():
         model.decoder.output_projection.weight.mul_(4)
     sample = sample_of(d, lengths=(3, 9, 5, 7, 2, 6, 4, 8), seed=5)
-    native, batches = decode(model, d, sample, True, monkeypatch, beam_size=3, max_len_b=15)
-    python, _ = decode(model, d, sample, False, monkeypatch, beam_size=3, max_len_b=15)
+    options = sampling_options(d, "top-k 5") if sampled else dict(beam_size=3, max_len_b=15)
+    native, batches = decode(model, d, sample, True, monkeypatch, **options)
+    python, _ = decode(model, d, sample, False, monkeypatch, **options)
     assert batches == 1
     assert_identical(native, python)
 
@@ -109,7 +143,8 @@ def test_the_native_search_decodes_batches_whose_sentences_end_at_many_steps(mon
 
 
 @pytest.mark.parametrize("case, expected", [
-    ("sampling", "sampling"),
+    ("several samples a sentence", "several samples a sentence"),
+    ("nucleus sampling", "nucleus sampling"),
     ("ensemble", "an ensemble"),
     ("prefix", "a prefix"),
     ("n-gram blocking", "n-gram blocking"),
@@ -124,8 +159,10 @@ def test_what_the_native_search_does_not_run_stays_on_the_python_search_with_its
             "average attention": "transformer_aan_small"}.get(case, "transformer_soft_small")
     model = decisive_model(arch, d).float()
     models, options, prefix = [model], dict(beam_size=2, max_len_b=6), None
-    if case == "sampling":
+    if case == "several samples a sentence":
         options["search_strategy"] = Sampling(d, 5)
+    elif case == "nucleus sampling":
+        options.update(beam_size=1, search_strategy=Sampling(d, sampling_topp=0.6))
     elif case == "ensemble":
         models = [model, decisive_model(arch, d).float()]
     elif case == "prefix":
