@@ -247,9 +247,12 @@ def main(argv=None):
               f"{sentences / peer['seconds']:.1f} sentences/s ({whole / peer['seconds']:.2f}x its time for the "
               f"plugin's search), {peer['tokens']} output tokens{same}")
     full = args.batch_size * args.beam  # (sampled too: --beam N draws N samples a sentence)
-    print(f"steps: {len(rows)} over {len(batches)} batches; rows a step: mean {statistics.mean(rows):.0f}, "
-          f"first {full}; steps with fewer than 16 rows: {sum(r < 16 for r in rows)}")
-    print(steps_by_rows(rows, began_at, full))
+    if rows:
+        print(f"steps: {len(rows)} over {len(batches)} batches; rows a step: mean {statistics.mean(rows):.0f}, "
+              f"first {full}; steps with fewer than 16 rows: {sum(r < 16 for r in rows)}")
+        print(steps_by_rows(rows, began_at, full))
+    else:  # (the native search: a batch's steps are one call)
+        print(f"steps: not timed one by one ({len(batches)} batches, each one native call)")
     for part, value in sorted(seconds.items(), key=lambda kv: -kv[1]):
         print(f"  {part:48s} {value:7.2f} s {100 * value / whole:5.1f}%")
     if args.json:
