@@ -54,25 +54,24 @@ static void blas_linear(const struct fh_blas *blas, const float *x, int64_t rows
         blas->gemm("T", "N", &m, &n, &k, &alpha, l->weight, &k, x, &k, &beta, y, &m);
 }
 
+struct blas_call {
+    const struct fh_blas *blas;
+    const struct fh_linear *layer;
+};
+
+static int blas_reference(void *context, const float *x, int64_t rows, float *y) {
+    const struct blas_call *call = context;
+    blas_linear(call->blas, x, rows, call->layer, y);
+    return 0;
+}
+
 /* the same (or the layer's own product), panel_linear.c's where it gives
  * the BLAS's bits for these rows */
 static int linear(const struct fh_blas *blas, const float *x, int64_t rows, const struct fh_linear *l, float *y) {
     if (l->product) return l->product(l->context, x, rows, y);
-    const int threads = l->panels.weight ? blas->threads() : 0;
-    const int use = panel_use(&l->panels, rows, threads);
-    if (use == FH_PANELS_USE) {
-        panel_product(l->panels.weight, l->panels.block, l->bias, l->out, l->in, x, rows, y);
-        return 0;
-    }
-    blas_linear(blas, x, rows, l, y);
-    if (use == FH_PANELS_CHECK) {
-        float *mine = scratch(rows * l->out);
-        if (!mine) return 2;
-        panel_product(l->panels.weight, l->panels.block, l->bias, l->out, l->in, x, rows, mine);
-        panel_checked(&l->panels, rows, threads, !memcmp(mine, y, rows * l->out * sizeof *y));
-        free(mine);
-    }
-    return 0;
+    struct blas_call call = {blas, l};
+    return panelled_product(&l->panels, l->bias, l->out, l->in, x, rows, l->panels.weight ? blas->threads() : 0,
+                            blas_reference, &call, y);
 }
 
 /* `floats` rounded up to a multiple of 64 bytes */

@@ -146,17 +146,21 @@ void panel_product(const float *panels, int64_t block, const float *bias, int64_
                    int64_t rows, float *y);
 /* FH_PANELS_USE where panel_product gives the BLAS's bits for `rows` rows
  * on `threads` threads, FH_PANELS_NOT where it does not (or none is
- * packed), FH_PANELS_CHECK where untried: the caller then computes both and
- * records whether they are the same (panel_checked) */
+ * packed), FH_PANELS_CHECK where untried */
 int panel_use(const struct fh_panels *panels, int64_t rows, int threads);
-void panel_checked(const struct fh_panels *panels, int64_t rows, int threads, int same);
+/* A product made by other code (the BLAS as PyTorch calls it, oneDNN's
+ * packed kernel, an int8 one): y (rows, out) of x (rows, in); returns 0,
+ * or 3 where it failed. */
+typedef int (*fh_product_fn)(void *context, const float *x, int64_t rows, float *y);
+/* y (rows, out) = x w^T + b: panel_product where panel_use says so, else
+ * `reference`'s product; where untried, the reference's, and whether
+ * panel_product gave its bits recorded for `rows` and `threads`. Returns
+ * 0, the reference's status, or 2 without memory for the check. */
+int panelled_product(const struct fh_panels *panels, const float *bias, int64_t out, int64_t in, const float *x,
+                     int64_t rows, int threads, fh_product_fn reference, void *context, float *y);
 
 /* ---- a decoder layer's sublayers (decoder_sublayers.c) ---- */
 
-/* A Linear layer's product of another library (oneDNN's packed kernel, an
- * int8 one): y (rows, out) = x (rows, in) w^T + b; returns 0, or 3 where
- * it failed. */
-typedef int (*fh_product_fn)(void *context, const float *x, int64_t rows, float *y);
 /* A float32 Linear layer's weight (out, in) and bias (out) or NULL, its
  * products PyTorch's BLAS calls, or panel_product with the BLAS's bits
  * where `panels` holds a packed weight; or, where `product` is set, that

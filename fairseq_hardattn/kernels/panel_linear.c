@@ -16,12 +16,14 @@
  * it splits over threads, or one to three rows, take other kernels), is not
  * assumed: the caller finds the block on the layer's own weight
  * (bindings.cpp), and each row count is checked once per thread count
- * against the BLAS's own result (panel_use / panel_checked) before these
+ * against the BLAS's own result (panelled_product) before these
  * products replace it. Every vector width below computes the same
  * fused sums in the same order, so the same bits; the panels split over
  * torch's OpenMP threads (parallel_rows.h), each output's sum whole. */
+#define _POSIX_C_SOURCE 200112L /* posix_memalign */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -152,6 +154,20 @@ int panel_use(const struct fh_panels *panels, int64_t rows, int threads) {
     return checked == -threads ? FH_PANELS_NOT : FH_PANELS_CHECK;
 }
 
-void panel_checked(const struct fh_panels *panels, int64_t rows, int threads, int same) {
+int panelled_product(const struct fh_panels *panels, const float *bias, int64_t out, int64_t in, const float *x,
+                     int64_t rows, int threads, fh_product_fn reference, void *context, float *y) {
+    const int use = panel_use(panels, rows, threads);
+    if (use == FH_PANELS_USE) {
+        panel_product(panels->weight, panels->block, bias, out, in, x, rows, y);
+        return 0;
+    }
+    const int status = reference(context, x, rows, y);
+    if (status || use == FH_PANELS_NOT) return status;
+    void *mine = NULL;
+    if (posix_memalign(&mine, 64, rows * out * sizeof *y)) return 2;
+    panel_product(panels->weight, panels->block, bias, out, in, x, rows, mine);
+    const int same = !memcmp(mine, y, rows * out * sizeof *y);
+    free(mine);
     __atomic_store_n(&panels->checked[rows], (int16_t)(same ? threads : -threads), __ATOMIC_RELAXED);
+    return 0;
 }
