@@ -13,6 +13,9 @@ tokenized and BPE'd as its data) decodes each sentence to its own end; with
 ``--random-dims small|base`` a fairseq ``transformer`` of random weights
 decodes ``--len``-token random sentences to that length (as
 ``scripts/benchmark_generate_cores.py``). ``--int8``: both in int8.
+``--sampling-topk K``: one sample a sentence among the K most probable
+tokens instead of beam search (the hub's ``translate(line, beam=1,
+sampling=True, sampling_topk=K)``; the samples are not compared).
 
 Examples (the trained de->en model of results/corpus.md):
   research/one_sentence_latency.py --data DEEN/data-bin --path DEEN/checkpoint.pt
@@ -94,6 +97,8 @@ def parse_args():
     p.add_argument("--sentences", type=int, default=200)
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--int8", action="store_true", help="the engine's int8 against CTranslate2's")
+    p.add_argument("--sampling-topk", type=int, default=0,
+                   help="sample one translation a sentence among the K most probable tokens (0: beam search)")
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--json", help="write the figures here")
     p.add_argument("--markdown", help="write the table here")
@@ -131,6 +136,9 @@ def prepare(args, work):
         FairseqConverter(path, data, source_lang=source, target_lang=target).convert(f"{work}/ct2")
         options = dict(beam=args.beam)
         ct2_options = dict(beam_size=args.beam, max_decoding_length=201)
+    if args.sampling_topk:
+        options.update(beam=1, sampling=True, sampling_topk=args.sampling_topk)
+        ct2_options.update(beam_size=1, sampling_topk=args.sampling_topk)
     with open(f"{work}/lines.json", "w") as f:
         json.dump(lines, f)
     return dict(path=path, data=data, src=source, tgt=target, lines=f"{work}/lines.json", options=options,
@@ -171,17 +179,18 @@ def main():
     best_engine = min(runs[engine], key=lambda r: statistics.median(r["ms"]))
     parts = {k: round(v, 3) for k, v in best_engine["parts"].items()}
     # (random weights decode to a forced length, which the two force differently: not compared)
-    same = None if args.random_dims else sum(a == b for a, b in zip(runs[engine][0]["out"], runs[peer][0]["out"]))
+    same = None if args.random_dims or args.sampling_topk else sum(a == b for a, b in zip(runs[engine][0]["out"], runs[peer][0]["out"]))
     ratio = figures[peer]["median_ms"] / figures[engine]["median_ms"]
     where = (f"random weights, {args.random_dims} dims, {args.len}-token sources and outputs" if args.random_dims
              else f"{os.path.basename(args.bpe_text)}, each sentence to its own end")
-    lines = [f"{count} sentences one at a time, beam {args.beam}, one thread, {where}", "",
+    search = f"sampling among the {args.sampling_topk} best" if args.sampling_topk else f"beam {args.beam}"
+    lines = [f"{count} sentences one at a time, {search}, one thread, {where}", "",
              "| system | median ms | p90 ms | medians of the runs |", "|---|---|---|---|"]
     lines += [f"| {n} | {f['median_ms']:.2f} | {f['p90_ms']:.2f} | {', '.join(map(str, f['medians_ms']))} |"
               for n, f in figures.items()]
     lines += ["", f"- CTranslate2's median / the engine's: {ratio:.2f}x (above 1: the engine is faster)",
               f"- the same translation: {same} of {count}" if same is not None else
-              "- translations not compared (lengths forced)",
+              "- translations not compared (samples, or lengths forced)",
               "- the engine's time a sentence: " + ", ".join(f"{k} {v:.2f} ms" for k, v in parts.items())]
     write_outputs({"settings": vars(args), "systems": figures, "engine_parts_ms": parts, "same": same,
                    "sentences": count, "ratio": round(ratio, 3)}, "\n".join(lines), args.json, args.markdown)
