@@ -25,7 +25,7 @@ from .. import kernels
 from ..compat import batches as fairseq_batches
 from ..errors import ConfigError
 from ..modules import decoding_step
-from . import engines, fixed_shape_step, read_ahead
+from . import engines, fixed_shape_step, native_search, read_ahead
 from .beam_search import PluginBeamSearch, PluginBeamSearchWithAlignment, fallback_reason
 from .bf16 import check_bf16_decoding, to_bf16_for_decoding
 from .int8 import check_int8_decoding, quantize_for_decoding
@@ -135,7 +135,6 @@ class Engine:
         """int8 or bfloat16 Linear layers and a shortlist where the model's
         options ask for them (``int8_decoding``, ``bf16_decoding``,
         ``shortlist``), and what the first batch would import, imported now."""
-        import_what_the_first_batch_imports()
         kernels.native()  # (built or loaded now, not by the first batch)
         if getattr(model.args, "int8_decoding", False):
             check_int8_decoding(model, cfg)
@@ -147,6 +146,7 @@ class Engine:
         if path and getattr(model, "shortlist", None) is None:
             model.shortlist = Shortlist.load(path, model.encoder.dictionary, model.decoder.dictionary,
                                              getattr(model.args, "shortlist_k", None))
+        import_what_the_first_batch_imports(fairseq_encodes=not native_search.takes(model))
 
 
 ENGINE = Engine()

@@ -74,6 +74,17 @@ def why_not(generator, models, src_tokens: Tensor, prefix_tokens: Optional[Tenso
     return None
 
 
+def takes(model) -> bool:
+    """Whether the native search takes ``model``'s parts (a call's options
+    aside: ``why_not``) where it is now: its encoder and decoder."""
+    decoder = model.decoder
+    device = next(model.parameters()).device
+    return (engines.step_of(getattr(decoder, "decoding_engine", "fairseq"), torch.empty(0, device=device))
+            == engines.LINEAGE_STEP and getattr(model, "shortlist", None) is None and kernels.has_blas()
+            and _structure_why_not(decoder) is None
+            and _encoder_why_not(model.encoder) is None)
+
+
 def _structure_why_not(decoder) -> Optional[str]:
     """None where the native search takes ``decoder``'s kinds of parts; else
     what it does not take."""

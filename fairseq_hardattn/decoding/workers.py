@@ -104,22 +104,24 @@ def resolved_workers(setting) -> int:
     return int(setting)
 
 
-# imported with the model (``import_what_the_first_batch_imports``)
-FIRST_BATCH_IMPORTS = ("torch.fx.experimental.symbolic_shapes", "torch.profiler._cupti_monitor",
-                       "fairseq.data.data_utils_fast")
+# imported with the model (``import_what_the_first_batch_imports``): every first batch's,
+FIRST_BATCH_IMPORTS = ("torch.profiler._cupti_monitor", "fairseq.data.data_utils_fast")
+# and fairseq's encoder's first forward's (the native search encodes without it)
+FAIRSEQ_ENCODER_IMPORTS = ("torch.fx.experimental.symbolic_shapes",)
 
 
-def import_what_the_first_batch_imports():
+def import_what_the_first_batch_imports(fairseq_encodes: bool = True):
     """What a model's first batch would import, imported when the model is
     prepared for decoding instead, so that the first batch does not wait for
-    it and workers forked later share it (each imported it again): torch's
-    symbolic-shapes module and SymPy (the encoder's key padding mask check,
-    ``torch._check_with``), the profiler's module that ``record_function``
-    imports on its first use, and fairseq's batching module (the hub's first
-    call), whose Cython set-up catches every exception: a Ctrl-C there was
-    lost, so these are imported with signals held."""
+    it and workers forked later share it (each imported it again): the
+    profiler's module that ``record_function`` imports on its first use,
+    fairseq's batching module (the hub's first call), whose Cython set-up
+    catches every exception: a Ctrl-C there was lost, so these are imported
+    with signals held; and where fairseq's encoder is to encode
+    (``fairseq_encodes``), torch's symbolic-shapes module and SymPy (its key
+    padding mask check, ``torch._check_with``: half a second)."""
     with signals_held():
-        for name in FIRST_BATCH_IMPORTS:
+        for name in FIRST_BATCH_IMPORTS + (FAIRSEQ_ENCODER_IMPORTS if fairseq_encodes else ()):
             try:
                 importlib.import_module(name)
             except ImportError:  # another PyTorch, or fairseq's own error where it is used
