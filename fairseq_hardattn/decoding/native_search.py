@@ -31,12 +31,11 @@ from torch import Tensor, nn
 
 from .. import kernels
 from ..modules.soft_attention import SoftAttention
-from . import direct_step, engines
+from . import direct_step, engines, sampling
 from .int8 import Int8Linear
 from .packed_linear import onednn_linear_available, packable, packed_of
-from .row_shapes import padded_rows
 from .read_ahead import sentence_ids
-from . import sampling
+from .row_shapes import padded_rows
 
 logger = logging.getLogger(__name__)
 

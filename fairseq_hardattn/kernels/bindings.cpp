@@ -212,16 +212,7 @@ Panelled::Panelled(const at::Tensor &weight, std::optional<at::Tensor> bias,
 // panelled_product's reference: the Panelled's own, on rows of x
 extern "C" int panelled_reference(void *context, const float *x, int64_t rows, float *y) {
     const auto *panelled = static_cast<const Panelled *>(context);
-    try {
-        const at::Tensor input = at::from_blob(const_cast<float *>(x), {rows, panelled->in}, at::kFloat);
-        const at::Tensor made = panelled->reference(input).contiguous();
-        require(made.numel() == rows * panelled->out, "the reference's product of the rows");
-        std::memcpy(y, made.data_ptr<float>(), made.numel() * sizeof(float));
-        return 0;
-    } catch (const std::exception &error) {
-        product_error() = error.what();
-        return 3;
-    }
+    return product_into(panelled->reference, panelled->in, panelled->out, x, rows, y);
 }
 
 at::Tensor Panelled::operator()(const at::Tensor &x) const {

@@ -9,6 +9,7 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -136,6 +137,23 @@ struct DecoderLayers {
 
 // what a product of another library that failed said (its status is 3)
 std::string &product_error();
+
+// An fh_product_fn's body for a product of tensors: y (rows, out) =
+// product(x as a (rows, in) tensor); returns 0, or 3 with product_error()
+// set where it failed.
+template <class Product>
+int product_into(const Product &product, int64_t in, int64_t out, const float *x, int64_t rows, float *y) {
+    try {
+        const at::Tensor input = at::from_blob(const_cast<float *>(x), {rows, in}, at::kFloat);
+        const at::Tensor made = product(input).contiguous();
+        require(made.numel() == rows * out, "a product of the rows, out values each");
+        std::memcpy(y, made.data_ptr<float>(), made.numel() * sizeof(float));
+        return 0;
+    } catch (const std::exception &error) {
+        product_error() = error.what();
+        return 3;
+    }
+}
 
 // search.cpp's and encoder.cpp's parts of the module
 void register_search(pybind11::module_ &m);

@@ -21,7 +21,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <numeric>
 
@@ -75,15 +74,8 @@ struct PackedCall {
 
 extern "C" int packed_call(void *context, const float *x, int64_t rows, float *y) {
     const auto *call = static_cast<const PackedCall *>(context);
-    try {
-        const at::Tensor input = at::from_blob(const_cast<float *>(x), {rows, call->linear->in}, at::kFloat);
-        const at::Tensor out = (*call->linear)(input, *call->padded).contiguous();
-        std::memcpy(y, out.data_ptr<float>(), rows * call->linear->out * sizeof(float));
-        return 0;
-    } catch (const std::exception &error) {
-        product_error() = error.what();
-        return 3;
-    }
+    return product_into([call](const at::Tensor &input) { return (*call->linear)(input, *call->padded); },
+                        call->linear->in, call->linear->out, x, rows, y);
 }
 
 // The search's settings (fairseq's SequenceGenerator's, as the Python search reads them).
